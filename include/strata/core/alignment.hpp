@@ -1,0 +1,55 @@
+#pragma once
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+/// Every pointer strata hands out is aligned to at least this (what cudaMalloc promises).
+inline constexpr std::size_t default_alignment = 256;
+
+constexpr bool is_power_of_two(std::size_t x) noexcept { return std::has_single_bit(x); }
+
+/// Rounds n up to a multiple of the power of two a. Callers guarantee no overflow (see checked_align_up).
+constexpr std::size_t align_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) & ~(a - 1); }
+
+/// The first address at or after p that is aligned to the power of two a.
+inline std::uintptr_t align_address(std::uintptr_t p, std::size_t a) noexcept
+{
+  return (p + a - 1) & ~static_cast<std::uintptr_t>(a - 1);
+}
+
+constexpr bool is_aligned(const void* p, std::size_t a) noexcept
+{
+  return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
+}
+
+/// The alignment a box really gives: at least default_alignment.
+constexpr std::size_t effective_alignment(std::size_t alignment) noexcept
+{
+  return alignment < default_alignment ? default_alignment : alignment;
+}
+
+/// Throws std::invalid_argument naming the box unless `alignment` is a power of two no larger than `largest`.
+inline void check_alignment(std::string_view box, std::size_t alignment, std::size_t largest)
+{
+  if (!is_power_of_two(alignment))
+    throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) +
+                                " is not a power of two");
+  if (alignment > largest)
+    throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) +
+                                " is larger than the " + std::to_string(largest) + " bytes this box can honour");
+}
+
+/// align_up that reports overflow instead of wrapping: a request near SIZE_MAX must fail cleanly.
+constexpr bool checked_align_up(std::size_t n, std::size_t a, std::size_t& out) noexcept
+{
+  if (n > SIZE_MAX - (a - 1)) return false;
+  out = align_up(n, a);
+  return true;
+}
+
+} // namespace strata

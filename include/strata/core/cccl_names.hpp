@@ -1,0 +1,56 @@
+#pragma once
+// CCCL 3.1 renamed the cuda::mr methods: allocate_sync/deallocate_sync for the synchronous pair and a
+// stream-first allocate(stream, bytes, alignment) for the stream-ordered one. These CRTP bases give every
+// strata box those names too, so it satisfies both CCCL generations without an adaptor.
+#include <cstddef>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/config.hpp>
+
+namespace strata {
+
+template <class Derived>
+class sync_names {
+public:
+  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    return static_cast<Derived&>(*this).allocate(bytes, alignment);
+  }
+  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
+  {
+    static_cast<Derived&>(*this).deallocate(p, bytes, alignment);
+  }
+};
+
+/// Stream-ordered boxes add the stream-first overloads; they must say `using stream_names<D>::allocate;`
+/// (and deallocate) so that their own synchronous allocate does not hide these.
+template <class Derived>
+class stream_names : public sync_names<Derived> {
+public:
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    return static_cast<Derived&>(*this).allocate_async(bytes, alignment, stream);
+  }
+  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes,
+                  std::size_t alignment = default_alignment) noexcept
+  {
+    static_cast<Derived&>(*this).deallocate_async(p, bytes, alignment, stream);
+  }
+};
+
+/// True when R answers to the CCCL 3.1+ synchronous names.
+template <class R>
+concept answers_to_cccl31_names = requires(R& r, void* p, std::size_t n, std::size_t a) {
+  { r.allocate_sync(n, a) } -> std::same_as<void*>;
+  { r.deallocate_sync(p, n, a) } noexcept;
+};
+
+/// True when R answers to the CCCL 3.1+ stream-first names.
+template <class R>
+concept answers_to_cccl31_stream_names =
+  answers_to_cccl31_names<R> && requires(R& r, void* p, std::size_t n, std::size_t a, cuda::stream_ref s) {
+    { r.allocate(s, n, a) } -> std::same_as<void*>;
+    { r.deallocate(s, p, n, a) } noexcept;
+  };
+
+} // namespace strata

@@ -1,0 +1,58 @@
+#pragma once
+// The vocabulary every strata box speaks (DESIGN.md), and the optional capabilities detected with
+// `requires` so that adaptors use them only where a box really has them.
+#include <concepts>
+#include <cstddef>
+
+#include <strata/core/config.hpp>
+#include <strata/core/snapshot.hpp>
+#include <strata/core/usage.hpp>
+
+namespace strata {
+
+/// allocate/deallocate with an alignment, equality (memory from one may be freed by the other).
+template <class R>
+concept resource = requires(R& r, void* p, std::size_t bytes, std::size_t alignment) {
+  { r.allocate(bytes, alignment) } -> std::same_as<void*>;
+  { r.deallocate(p, bytes, alignment) } noexcept -> std::same_as<void>;
+} && std::equality_comparable<R>;
+
+/// A resource whose memory may be used, and freed, in stream order.
+template <class R>
+concept stream_resource =
+  resource<R> && requires(R& r, void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) {
+    { r.allocate_async(bytes, alignment, stream) } -> std::same_as<void*>;
+    { r.deallocate_async(p, bytes, alignment, stream) } noexcept -> std::same_as<void>;
+  };
+
+/// Can tell whether it handed out a pointer (what fallback routes frees by).
+template <class R>
+concept owning_resource = resource<R> && requires(const R& r, const void* p) {
+  { r.owns(p) } noexcept -> std::same_as<bool>;
+};
+
+/// Can hand every fully free chunk back to its upstream.
+template <class R>
+concept releasable_resource = resource<R> && requires(R& r) { r.release(); };
+
+/// Can say how many bytes a request really consumes.
+template <class R>
+concept sized_resource = resource<R> && requires(const R& r, std::size_t bytes, std::size_t alignment) {
+  { r.good_size(bytes, alignment) } -> std::same_as<std::size_t>;
+};
+
+template <class R>
+concept usage_reporting_resource = resource<R> && requires(const R& r) {
+  { r.usage() } -> std::same_as<strata::usage>;
+};
+
+template <class R>
+concept snapshot_resource = resource<R> && requires(const R& r) {
+  { r.snapshot() } -> std::same_as<strata::snapshot>;
+};
+
+/// Can free everything at once (arena).
+template <class R>
+concept resettable_resource = resource<R> && requires(R& r) { r.reset(); };
+
+} // namespace strata

@@ -1,0 +1,69 @@
+#pragma once
+#include <source_location>
+#include <string_view>
+
+#include <strata/core/errors.hpp>
+
+namespace strata::detail {
+
+constexpr bool is_out_of_memory(cudaError_t status) noexcept { return status == cudaErrorMemoryAllocation; }
+
+/// Clears the runtime's last-error slot so that one failed call does not poison the next check elsewhere.
+inline void clear_last_error() noexcept { (void)cudaGetLastError(); }
+
+/// Throws cuda_error for any failure; the runtime's error state is cleared first.
+inline void cuda_check(cudaError_t status, std::string_view call,
+                       std::source_location where = std::source_location::current())
+{
+  if (status == cudaSuccess) return;
+  clear_last_error();
+  throw cuda_error(status, call, where);
+}
+
+/// Like cuda_check, but out-of-memory becomes strata::out_of_memory naming the box.
+inline void cuda_check_alloc(cudaError_t status, std::string_view call, std::string_view box, std::size_t bytes,
+                             std::string_view details = {},
+                             std::source_location where = std::source_location::current())
+{
+  if (status == cudaSuccess) return;
+  clear_last_error();
+  if (is_out_of_memory(status)) throw out_of_memory(box, bytes, std::string(call) + " refused; " + std::string(details));
+  throw cuda_error(status, call, where);
+}
+
+/// Destructors and noexcept frees cannot throw: they report nothing, but never leave the error set.
+/// cudaErrorCudartUnloading means the runtime is gone (static destruction order); nothing to do then.
+inline void cuda_check_noexcept(cudaError_t status) noexcept
+{
+  if (status != cudaSuccess) clear_last_error();
+}
+
+/// Makes `device` current for a scope and restores the previous device, so sources never change the
+/// caller's current device behind their back.
+class scoped_device {
+public:
+  explicit scoped_device(int device)
+  {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  scoped_device(const scoped_device&) = delete;
+  scoped_device& operator=(const scoped_device&) = delete;
+  ~scoped_device()
+  {
+    if (previous_ >= 0) cuda_check_noexcept(cudaSetDevice(previous_));
+  }
+
+private:
+  int previous_ = -1;
+};
+
+inline int current_device()
+{
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+} // namespace strata::detail

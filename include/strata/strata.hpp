@@ -1,0 +1,17 @@
+#pragma once
+// Umbrella header: everything strata has.
+#include <strata/core/alignment.hpp>
+#include <strata/core/cccl_names.hpp>
+#include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/core/properties.hpp>
+#include <strata/core/ref.hpp>
+#include <strata/core/snapshot.hpp>
+#include <strata/core/usage.hpp>
+
+#include <strata/source/async_source.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
+#include <strata/source/managed_source.hpp>
+#include <strata/source/pinned_source.hpp>
+#include <strata/source/simulated_source.hpp>
