@@ -16,6 +16,8 @@ namespace strata::testing {
 template <resource Upstream>
 class spy : public forward_properties<spy<Upstream>, Upstream>, public sync_names<spy<Upstream>> {
 public:
+  static constexpr std::size_t max_alignment = max_alignment_of<Upstream>;
+
   explicit spy(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
   spy(spy&&) = default;
   spy& operator=(spy&&) = default;

@@ -55,4 +55,12 @@ concept snapshot_resource = resource<R> && requires(const R& r) {
 template <class R>
 concept resettable_resource = resource<R> && requires(R& r) { r.reset(); };
 
+/// The largest alignment R promises (its static `max_alignment`), or default_alignment when it says nothing.
+/// Policies ask their upstream for chunks aligned this much, so blocks inside can be aligned without padding.
+template <class R>
+inline constexpr std::size_t max_alignment_of = [] {
+  if constexpr (requires { R::max_alignment; }) return std::size_t{R::max_alignment};
+  else return std::size_t{256};
+}();
+
 } // namespace strata

@@ -15,6 +15,8 @@ namespace strata {
 template <resource R>
 class ref : public forward_properties<ref<R>, R>, public sync_names<ref<R>> {
 public:
+  static constexpr std::size_t max_alignment = max_alignment_of<R>;
+
   explicit ref(R& referee) noexcept : referee_(std::addressof(referee)) {}
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)

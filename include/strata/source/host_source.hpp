@@ -17,14 +17,15 @@ namespace strata {
 class host_source : public sync_names<host_source> {
 public:
   static constexpr std::size_t max_alignment = std::size_t{1} << 62;
+  static constexpr std::size_t largest_request = std::size_t{1} << 47;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
     check_alignment("host_source", alignment, max_alignment);
     if (bytes == 0) return nullptr;
     // libstdc++'s aligned operator new rounds the size up without an overflow check: SIZE_MAX wraps to 0
-    // and "succeeds". No object may exceed PTRDIFF_MAX bytes anyway.
-    if (bytes > static_cast<std::size_t>(PTRDIFF_MAX)) throw out_of_memory("host_source", bytes, "larger than any object can be");
+    // and "succeeds". Nothing beyond a 47-bit address space can be had anyway.
+    if (bytes > largest_request) throw out_of_memory("host_source", bytes, "larger than the address space");
     try {
       return ::operator new(bytes, std::align_val_t{effective_alignment(alignment)});
     } catch (const std::bad_alloc&) {

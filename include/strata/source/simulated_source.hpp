@@ -27,6 +27,7 @@ class simulated_source : public sync_names<simulated_source> {
 public:
   static constexpr std::size_t unlimited = SIZE_MAX;
   static constexpr std::size_t granularity = default_alignment;
+  static constexpr std::size_t max_alignment = std::size_t{1} << 40;  // and never more than the reservation
 
   /// `capacity`: most bytes in use at once. `address_space`: what is reserved (at least the capacity).
   explicit simulated_source(std::size_t capacity = unlimited, std::size_t address_space = std::size_t{1} << 40)
