@@ -15,3 +15,8 @@
 #include <strata/source/managed_source.hpp>
 #include <strata/source/pinned_source.hpp>
 #include <strata/source/simulated_source.hpp>
+
+#include <strata/policy/arena.hpp>
+#include <strata/policy/buddy_pool.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>

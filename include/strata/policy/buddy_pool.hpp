@@ -119,6 +119,7 @@ public:
       }
       r.set_free(r.top, 0, false);  // its list entry goes stale and is skipped
       --free_per_order_[r.top];
+      for (unsigned o = 0; o <= r.top; ++o) bitmap_words_[o] -= r.free_bits[o].size();
       returned += r.size;
       reserved_ -= r.size;
       upstream_.deallocate(reinterpret_cast<void*>(it->first), r.size, r.alignment);
@@ -243,8 +244,11 @@ private:
     const std::uintptr_t base = block_base(block);
     std::size_t k = (block - base) >> (o + min_shift_);
     while (o < r->top && r->is_free(o, k ^ 1)) {
-      r->set_free(o, k ^ 1, false);  // the buddy's list entry goes stale
+      r->set_free(o, k ^ 1, false);
       --free_per_order_[o];
+      // The buddy's candidate entry goes stale; it is usually the latest one (split then freed), so drop it.
+      auto& list = candidates_[o];
+      if (!list.empty() && list.back() == base + ((k ^ 1) << (o + min_shift_))) list.pop_back();
       k >>= 1;
       ++o;
       r->set_split(o, k, false);
@@ -263,7 +267,8 @@ private:
   void compact_if_stale(unsigned o) noexcept
   {
     auto& list = candidates_[o];
-    if (list.size() < 64 || list.size() < 4 * free_per_order_[o]) return;
+    // Rebuilding scans every bitmap word of the order: only when the stale entries outnumber those words.
+    if (list.size() < 64 + 4 * free_per_order_[o] + bitmap_words_[o]) return;
     list.clear();
     for (const auto& [base, r] : regions_) {
       if (o > r.top) continue;
@@ -303,6 +308,7 @@ private:
         r.split_bits[o].assign((blocks + 63) / 64, 0);
       }
       region& placed = regions_.emplace(base, std::move(r)).first->second;
+      for (unsigned o = 0; o <= placed.top; ++o) bitmap_words_[o] += placed.free_bits[o].size();
       reserved_ += size;
       mark_free(placed, base, placed.top, base);
     } catch (...) {
@@ -328,6 +334,7 @@ private:
     regions_.clear();
     for (auto& list : candidates_) list.clear();
     free_per_order_.fill(0);
+    bitmap_words_.fill(0);
     interior_.clear();
     reserved_ = in_use_ = used_blocks_ = 0;
   }
@@ -339,6 +346,7 @@ private:
     regions_ = std::move(other.regions_);
     candidates_ = std::move(other.candidates_);
     free_per_order_ = std::exchange(other.free_per_order_, {});
+    bitmap_words_ = std::exchange(other.bitmap_words_, {});
     interior_ = std::move(other.interior_);
     reserved_ = std::exchange(other.reserved_, 0);
     in_use_ = std::exchange(other.in_use_, 0);
@@ -354,6 +362,7 @@ private:
   std::map<std::uintptr_t, region> regions_;
   std::array<std::vector<std::uintptr_t>, max_orders> candidates_{};
   std::array<std::size_t, max_orders> free_per_order_{};
+  std::array<std::size_t, max_orders> bitmap_words_{};  // bitmap words across regions, per order
   detail::pointer_map<std::uintptr_t> interior_;  // aligned start -> block start, for over-aligned requests
   std::size_t reserved_ = 0;
   std::size_t in_use_ = 0;

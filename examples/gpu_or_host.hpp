@@ -1,0 +1,30 @@
+#pragma once
+// What the examples share: find out whether there is a GPU, and touch memory where it lives.
+#include <cstdio>
+#include <cstring>
+
+#include <cuda_runtime_api.h>
+
+namespace examples {
+
+inline bool has_gpu()
+{
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+/// Writes `bytes` at p: cudaMemset for device memory, memset for host memory.
+inline void touch(void* p, std::size_t bytes, bool on_gpu)
+{
+  if (on_gpu) {
+    if (cudaMemset(p, 0x5a, bytes) != cudaSuccess) std::fprintf(stderr, "cudaMemset failed\n");
+  } else {
+    std::memset(p, 0x5a, bytes);
+  }
+}
+
+} // namespace examples
