@@ -5,10 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/archetype.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -368,5 +370,13 @@ private:
   std::size_t in_use_ = 0;
   std::size_t used_blocks_ = 0;
 };
+
+namespace detail::buddy_pool_claims {
+using P = buddy_pool<archetype_resource>;
+static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P> && snapshot_resource<P>);
+static_assert(cuda::mr::resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // forwarded
+static_assert(answers_to_cccl31_names<P> && !stream_resource<P>);
+static_assert(!std::is_copy_constructible_v<P> && std::is_nothrow_move_constructible_v<P>);
+} // namespace detail::buddy_pool_claims
 
 } // namespace strata
