@@ -194,14 +194,20 @@ private:
     return static_cast<unsigned>(std::bit_width(std::bit_ceil(need) - 1)) - min_shift_;
   }
 
-  const region* region_of(std::uintptr_t a) const noexcept
+  /// The region holding address a and its base, in one map lookup; {0, nullptr} when none does.
+  std::pair<std::uintptr_t, const region*> find_region(std::uintptr_t a) const noexcept
   {
     auto it = regions_.upper_bound(a);
-    if (it == regions_.begin()) return nullptr;
+    if (it == regions_.begin()) return {0, nullptr};
     --it;
-    return a < it->first + it->second.size ? &it->second : nullptr;
+    return a < it->first + it->second.size ? std::pair{it->first, &it->second} : std::pair<std::uintptr_t, const region*>{0, nullptr};
   }
-  region* region_of(std::uintptr_t a) noexcept { return const_cast<region*>(std::as_const(*this).region_of(a)); }
+  const region* region_of(std::uintptr_t a) const noexcept { return find_region(a).second; }
+  std::pair<std::uintptr_t, region*> find_region(std::uintptr_t a) noexcept
+  {
+    const auto [base, r] = std::as_const(*this).find_region(a);
+    return {base, const_cast<region*>(r)};
+  }
 
   void mark_free(region& r, std::uintptr_t base, unsigned o, std::uintptr_t block)
   {
@@ -219,9 +225,8 @@ private:
       while (!list.empty()) {
         const std::uintptr_t block = list.back();
         list.pop_back();
-        region* r = region_of(block);
+        const auto [base, r] = find_region(block);
         if (r == nullptr || o > r->top) continue;
-        const std::uintptr_t base = block_base(block);
         const std::size_t k = (block - base) >> (o + min_shift_);
         if (((block - base) & (block_size(o) - 1)) != 0 || !r->is_free(o, k)) continue;  // stale candidate
         r->set_free(o, k, false);
@@ -237,13 +242,10 @@ private:
     return 0;
   }
 
-  std::uintptr_t block_base(std::uintptr_t block) const noexcept { return std::prev(regions_.upper_bound(block))->first; }
-
   void free_block(std::uintptr_t block, unsigned o) noexcept
   {
-    region* r = region_of(block);
+    const auto [base, r] = find_region(block);
     if (r == nullptr) return;  // not ours: undefined by the rules; checked<> reports it
-    const std::uintptr_t base = block_base(block);
     std::size_t k = (block - base) >> (o + min_shift_);
     while (o < r->top && r->is_free(o, k ^ 1)) {
       r->set_free(o, k ^ 1, false);
