@@ -20,3 +20,7 @@
 #include <strata/policy/buddy_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
+
+#include <strata/stream/cuda_events.hpp>
+#include <strata/stream/simulated_streams.hpp>
+#include <strata/stream/stream_ordered.hpp>

@@ -1,0 +1,225 @@
+// Multi-stream pipeline: S streams, one host thread enqueuing round-robin "allocate; kernel; free" per launch.
+// For every allocator: the whole pipeline's wall time (does it serialize streams?) and the host time spent
+// inside allocate and free (what the allocator costs), next to a pipeline with preallocated buffers.
+// Also the bare stream-ordered pair latency (allocate then free on one stream, no kernels).
+//   streams [--json FILE] [--launches N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cub/util_allocator.cuh>
+
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/async_source.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/stream/stream_ordered.hpp>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+void check(cudaError_t status, const char* what)
+{
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+__global__ void work_kernel(unsigned* p, std::size_t words, unsigned long long spin_ns)
+{
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = static_cast<unsigned>(i);
+  if (threadIdx.x == 0)
+    for (unsigned long long waited = 0; waited < spin_ns; waited += 1000) __nanosleep(1000);
+}
+
+/// One allocator as the benchmark sees it: allocate/free on a stream.
+struct allocator_under_test {
+  std::string name;
+  std::function<void*(std::size_t, cudaStream_t)> allocate;
+  std::function<void(void*, std::size_t, cudaStream_t)> free;
+};
+
+struct pipeline_result {
+  std::string allocator;
+  int streams = 0;
+  std::size_t launches = 0;
+  double total_ms = 0;
+  double alloc_ns_per_pair = 0;
+};
+
+constexpr std::size_t sizes[] = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
+constexpr unsigned long long kernel_spin_ns = 20'000;
+
+/// Host time of clock_type::now() itself, subtracted from the timed allocator calls.
+double clock_overhead_ns()
+{
+  constexpr int n = 100000;
+  const auto start = clock_type::now();
+  for (int i = 0; i < n; ++i) (void)clock_type::now();
+  return std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / n;
+}
+
+pipeline_result run_pipeline(const allocator_under_test* a, std::vector<cudaStream_t>& streams, std::size_t launches,
+                             double clock_ns, std::vector<void*>& prealloc)
+{
+  double alloc_ns = 0;
+  check(cudaDeviceSynchronize(), "sync");
+  const auto start = clock_type::now();
+  for (std::size_t i = 0; i < launches; ++i) {
+    const std::size_t si = i % streams.size();
+    cudaStream_t s = streams[si];
+    const std::size_t bytes = sizes[(i / streams.size() + si) % 4];
+    void* p = nullptr;
+    if (a != nullptr) {
+      const auto t0 = clock_type::now();
+      p = a->allocate(bytes, s);
+      alloc_ns += std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() - clock_ns;
+    } else {
+      p = prealloc[si];
+    }
+    work_kernel<<<64, 256, 0, s>>>(static_cast<unsigned*>(p), bytes / 4, kernel_spin_ns);
+    if (a != nullptr) {
+      const auto t0 = clock_type::now();
+      a->free(p, bytes, s);
+      alloc_ns += std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() - clock_ns;
+    }
+  }
+  check(cudaDeviceSynchronize(), "sync");
+  const double total = std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
+  return {a != nullptr ? a->name : "preallocated (no allocator)", static_cast<int>(streams.size()), launches, total,
+          a != nullptr ? alloc_ns / static_cast<double>(launches) : 0.0};
+}
+
+/// Allocate then free the same size on one stream, no kernels: the allocator's own cost per pair.
+double pair_latency_ns(const allocator_under_test& a, cudaStream_t s, std::size_t bytes, int pairs)
+{
+  for (int i = 0; i < 100; ++i) a.free(a.allocate(bytes, s), bytes, s);  // warm
+  check(cudaStreamSynchronize(s), "sync");
+  const auto start = clock_type::now();
+  for (int i = 0; i < pairs; ++i) a.free(a.allocate(bytes, s), bytes, s);
+  const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / pairs;
+  check(cudaStreamSynchronize(s), "sync");
+  return ns;
+}
+
+double median(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  std::string json_path;
+  std::size_t launches_per_stream = 2000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+    else if (std::strcmp(argv[i], "--launches") == 0 && i + 1 < argc) launches_per_stream = std::stoul(argv[++i]);
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("streams: no GPU here, nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+
+  strata::stream_ordered<strata::coalescing_pool<strata::device_source>> so_coalescing;
+  strata::stream_ordered<strata::size_class_pool<strata::device_source>> so_size_class;
+  strata::async_source async;
+  // Power-of-two bins from 256 B to 1 GiB, no cache limit: CUB tuned so that every size here is cached.
+  cub::CachingDeviceAllocator cub_allocator(2, 8, 30, cub::CachingDeviceAllocator::INVALID_SIZE);
+
+  const std::vector<allocator_under_test> allocators = {
+    {"stream_ordered<coalescing_pool<device_source>>",
+     [&](std::size_t n, cudaStream_t s) { return so_coalescing.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, cudaStream_t s) { so_coalescing.deallocate_async(p, n, 256, s); }},
+    {"stream_ordered<size_class_pool<device_source>>",
+     [&](std::size_t n, cudaStream_t s) { return so_size_class.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, cudaStream_t s) { so_size_class.deallocate_async(p, n, 256, s); }},
+    {"async_source (cudaMallocFromPoolAsync)", [&](std::size_t n, cudaStream_t s) { return async.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, cudaStream_t s) { async.deallocate_async(p, n, 256, s); }},
+    {"cub::CachingDeviceAllocator",
+     [&](std::size_t n, cudaStream_t s) {
+       void* p = nullptr;
+       check(cub_allocator.DeviceAllocate(&p, n, s), "cub allocate");
+       return p;
+     },
+     [&](void* p, std::size_t, cudaStream_t) { check(cub_allocator.DeviceFree(p), "cub free"); }},
+    {"cudaMalloc/cudaFree",
+     [&](std::size_t n, cudaStream_t) {
+       void* p = nullptr;
+       check(cudaMalloc(&p, n), "cudaMalloc");
+       return p;
+     },
+     [&](void* p, std::size_t, cudaStream_t) { check(cudaFree(p), "cudaFree"); }},
+  };
+
+  const double clock_ns = clock_overhead_ns();
+  std::vector<pipeline_result> results;
+  std::vector<std::pair<std::string, double>> pairs;
+  cudaStream_t pair_stream = nullptr;
+  check(cudaStreamCreateWithFlags(&pair_stream, cudaStreamNonBlocking), "stream");
+  for (const auto& a : allocators) {
+    const int n = a.name.starts_with("cudaMalloc/") ? 2000 : 200000;
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) runs.push_back(pair_latency_ns(a, pair_stream, 1 << 20, n));
+    pairs.emplace_back(a.name, median(runs));
+  }
+  for (int nstreams : {1, 2, 4, 8}) {
+    std::vector<cudaStream_t> streams(nstreams);
+    for (auto& s : streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    std::vector<void*> prealloc(nstreams);
+    for (auto& p : prealloc) check(cudaMalloc(&p, sizes[3]), "prealloc");
+    const std::size_t launches = launches_per_stream * static_cast<std::size_t>(nstreams);
+    const std::size_t reps = 3;
+    auto run_median = [&](const allocator_under_test* a) {
+      std::vector<pipeline_result> rs;
+      for (std::size_t r = 0; r < reps; ++r) rs.push_back(run_pipeline(a, streams, launches, clock_ns, prealloc));
+      std::sort(rs.begin(), rs.end(), [](auto& x, auto& y) { return x.total_ms < y.total_ms; });
+      return rs[reps / 2];
+    };
+    results.push_back(run_median(nullptr));
+    for (const auto& a : allocators) {
+      const bool slow = a.name.starts_with("cudaMalloc/");
+      results.push_back(slow ? run_pipeline(&a, streams, launches / 4, clock_ns, prealloc) : run_median(&a));
+    }
+    for (auto p : prealloc) check(cudaFree(p), "free");
+    for (auto s : streams) check(cudaStreamDestroy(s), "destroy");
+  }
+
+  std::printf("\nstreams benchmark on %s; kernels spin %llu us each; sizes 64 KiB..4 MiB\n", prop.name, kernel_spin_ns / 1000);
+  std::printf("\npair latency on one stream, 1 MiB (median of 5)\n%-50s %12s %10s\n", "allocator", "ns/pair", "vs async");
+  const double async_pair = pairs[2].second;
+  for (const auto& [name, ns] : pairs) std::printf("%-50s %12.1f %9.1fx\n", name.c_str(), ns, async_pair / ns);
+  std::printf("\npipeline (median of 3; cudaMalloc: one run, a quarter of the launches)\n%-50s %7s %9s %11s %14s %12s\n",
+              "allocator", "streams", "launches", "total ms", "us/launch", "alloc ns/pair");
+  for (const auto& r : results)
+    std::printf("%-50s %7d %9zu %11.2f %14.3f %12.1f\n", r.allocator.c_str(), r.streams, r.launches, r.total_ms,
+                r.total_ms * 1000 / static_cast<double>(r.launches), r.alloc_ns_per_pair);
+
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << "{\"device\":\"" << prop.name << "\",\"pair_latency_1MiB_ns\":{";
+    for (std::size_t i = 0; i < pairs.size(); ++i) out << (i ? "," : "") << "\"" << pairs[i].first << "\":" << pairs[i].second;
+    out << "},\"pipeline\":[";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      out << (i ? "," : "") << "{\"allocator\":\"" << r.allocator << "\",\"streams\":" << r.streams << ",\"launches\":"
+          << r.launches << ",\"total_ms\":" << r.total_ms << ",\"alloc_ns_per_pair\":" << r.alloc_ns_per_pair << "}";
+    }
+    out << "]}\n";
+  }
+  check(cudaStreamDestroy(pair_stream), "destroy");
+  return 0;
+}

@@ -1,0 +1,200 @@
+#pragma once
+// A pretend GPU for stream_ordered on machines without one: streams are counters of enqueued and completed
+// work, events remember "stream s, after its k-th piece of work". Tests drive completion by hand to provoke
+// every interleaving; the replay benchmark uses it to plan multi-stream traces on simulated_source.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <strata/core/config.hpp>
+#include <strata/stream/cuda_events.hpp>
+
+namespace strata {
+
+/// The world the simulated streams live in. Stream handles are small fake addresses, recycled after
+/// destroy() exactly as the driver recycles real ones; ids are never recycled. The legacy default stream
+/// (handle cudaStreamLegacy or 0) and the per-thread default stream always exist. Not thread-safe.
+class simulated_streams {
+public:
+  struct event_state {
+    std::uint64_t stream = 0;
+    std::uint64_t ticket = 0;  ///< the stream's enqueued count when recorded: done once completed reaches it
+    bool recorded = false;
+  };
+
+  /// What the backend was asked to do, so tests can see that work is batched and that the host never waited.
+  struct call_counts {
+    std::uint64_t records = 0, queries = 0, host_waits = 0, stream_waits = 0, device_waits = 0, orderings = 0;
+  };
+
+  simulated_streams()
+  {
+    streams_[legacy_id] = {};
+    streams_[per_thread_id] = {};
+  }
+
+  cuda::stream_ref create()
+  {
+    std::uintptr_t handle = 0;
+    if (!free_handles_.empty()) {
+      handle = free_handles_.back();
+      free_handles_.pop_back();
+    } else {
+      handle = next_handle_ += 0x100;
+    }
+    const std::uint64_t id = next_id_++;
+    handles_[handle] = id;
+    streams_[id] = {};
+    return cuda::stream_ref{reinterpret_cast<cudaStream_t>(handle)};
+  }
+
+  /// Like cudaStreamDestroy: work already enqueued still completes (finish_id), the handle is reused.
+  void destroy(cuda::stream_ref stream)
+  {
+    const auto handle = reinterpret_cast<std::uintptr_t>(stream.get());
+    if (!handles_.erase(handle)) throw std::invalid_argument("simulated_streams: destroy of an unknown stream");
+    free_handles_.push_back(handle);
+  }
+
+  static cuda::stream_ref legacy() noexcept { return cuda::stream_ref{cudaStreamLegacy}; }
+
+  std::uint64_t id_of(cuda::stream_ref stream) const
+  {
+    const auto handle = reinterpret_cast<std::uintptr_t>(stream.get());
+    if (handle == 0 || stream.get() == cudaStreamLegacy) return legacy_id;
+    if (stream.get() == cudaStreamPerThread) return per_thread_id;  // one host thread: one per-thread stream
+    const auto it = handles_.find(handle);
+    if (it == handles_.end())
+      throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
+    return it->second;
+  }
+
+  /// Enqueues one piece of work on the stream (a kernel); returns its ticket.
+  std::uint64_t launch(cuda::stream_ref stream) { return ++streams_.at(id_of(stream)).enqueued; }
+
+  /// Completes the stream's work so far, and the work of other streams it was ordered after.
+  void finish(cuda::stream_ref stream) { finish_id(id_of(stream)); }
+  void finish_id(std::uint64_t id)
+  {
+    stream_state& s = streams_.at(id);
+    s.completed = s.enqueued;
+    for (const auto& [other, ticket] : s.waits_for) complete_to(other, ticket);
+  }
+  void finish_all()
+  {
+    for (auto& [id, s] : streams_) s.completed = s.enqueued;
+  }
+
+  std::uint64_t enqueued(std::uint64_t id) const { return streams_.at(id).enqueued; }
+  std::uint64_t completed(std::uint64_t id) const { return streams_.at(id).completed; }
+  /// The highest ticket of `other` that stream `id` has been made to wait for (0: none).
+  std::uint64_t ordered_after(std::uint64_t id, std::uint64_t other) const
+  {
+    const auto& waits = streams_.at(id).waits_for;
+    const auto it = waits.find(other);
+    return it == waits.end() ? 0 : it->second;
+  }
+
+  const call_counts& calls() const noexcept { return calls_; }
+  std::size_t live_events() const noexcept { return events_.size() - free_events_.size(); }
+
+  // The backend's half.
+  std::size_t make_event()
+  {
+    if (!free_events_.empty()) {
+      const std::size_t e = free_events_.back();
+      free_events_.pop_back();
+      events_[e] = {};
+      return e;
+    }
+    events_.push_back({});
+    return events_.size() - 1;
+  }
+  void destroy_event(std::size_t e) noexcept { free_events_.push_back(e); }
+  void record(std::size_t e, cuda::stream_ref stream)
+  {
+    ++calls_.records;
+    const std::uint64_t id = id_of(stream);
+    events_.at(e) = {id, streams_.at(id).enqueued, true};
+  }
+  bool done(std::size_t e)
+  {
+    ++calls_.queries;
+    const event_state& ev = events_.at(e);
+    return !ev.recorded || streams_.at(ev.stream).completed >= ev.ticket;
+  }
+  void wait_host(std::size_t e)
+  {
+    ++calls_.host_waits;
+    const event_state& ev = events_.at(e);
+    if (ev.recorded) complete_to(ev.stream, ev.ticket);
+  }
+  void order_after(cuda::stream_ref stream, std::size_t e)
+  {
+    ++calls_.orderings;
+    const event_state& ev = events_.at(e);
+    if (!ev.recorded) return;
+    std::uint64_t& ticket = streams_.at(id_of(stream)).waits_for[ev.stream];
+    ticket = std::max(ticket, ev.ticket);
+  }
+  void wait_stream(cuda::stream_ref stream)
+  {
+    ++calls_.stream_waits;
+    finish(stream);
+  }
+  void wait_device()
+  {
+    ++calls_.device_waits;
+    finish_all();
+  }
+
+private:
+  struct stream_state {
+    std::uint64_t enqueued = 0, completed = 0;
+    std::map<std::uint64_t, std::uint64_t> waits_for;
+  };
+  static constexpr std::uint64_t legacy_id = 0, per_thread_id = 1;
+
+  void complete_to(std::uint64_t id, std::uint64_t ticket)
+  {
+    stream_state& s = streams_.at(id);
+    s.completed = std::max(s.completed, std::min(ticket, s.enqueued));
+  }
+
+  std::map<std::uint64_t, stream_state> streams_;
+  std::map<std::uintptr_t, std::uint64_t> handles_;
+  std::vector<std::uintptr_t> free_handles_;
+  std::uintptr_t next_handle_ = 0x10000;
+  std::uint64_t next_id_ = 2;
+  std::vector<event_state> events_;
+  std::vector<std::size_t> free_events_;
+  call_counts calls_;
+};
+
+/// The event_backend over a simulated_streams world (held by pointer: the world outlives the pools using it).
+class simulated_events {
+public:
+  using event = std::size_t;
+
+  explicit simulated_events(simulated_streams& world) noexcept : world_(&world) {}
+
+  std::uint64_t id_of(cuda::stream_ref stream) const { return world_->id_of(stream); }
+  event make_event() { return world_->make_event(); }
+  void destroy_event(event e) const noexcept { world_->destroy_event(e); }
+  void record(event e, cuda::stream_ref stream) { world_->record(e, stream); }
+  bool done(event e) { return world_->done(e); }
+  void wait_host(event e) { world_->wait_host(e); }
+  void order_after(cuda::stream_ref stream, event e) { world_->order_after(stream, e); }
+  void wait_stream(cuda::stream_ref stream) { world_->wait_stream(stream); }
+  void wait_device() { world_->wait_device(); }
+
+private:
+  simulated_streams* world_;
+};
+
+static_assert(event_backend<simulated_events>);
+
+} // namespace strata
