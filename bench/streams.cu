@@ -40,11 +40,13 @@ __global__ void work_kernel(unsigned* p, std::size_t words, unsigned long long s
     for (unsigned long long waited = 0; waited < spin_ns; waited += 1000) __nanosleep(1000);
 }
 
-/// One allocator as the benchmark sees it: allocate/free on a stream.
+/// One allocator as the benchmark sees it: allocate/free on a stream (identified once, when created; only
+/// the rows marked "identified" use the id, the others pass the plain handle).
+using stream_t = strata::identified_stream;
 struct allocator_under_test {
   std::string name;
-  std::function<void*(std::size_t, cudaStream_t)> allocate;
-  std::function<void(void*, std::size_t, cudaStream_t)> free;
+  std::function<void*(std::size_t, const stream_t&)> allocate;
+  std::function<void(void*, std::size_t, const stream_t&)> free;
 };
 
 struct pipeline_result {
@@ -67,7 +69,7 @@ double clock_overhead_ns()
   return std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / n;
 }
 
-pipeline_result run_pipeline(const allocator_under_test* a, std::vector<cudaStream_t>& streams, std::size_t launches,
+pipeline_result run_pipeline(const allocator_under_test* a, std::vector<stream_t>& streams, std::size_t launches,
                              double clock_ns, std::vector<void*>& prealloc)
 {
   double alloc_ns = 0;
@@ -75,7 +77,7 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<cudaStre
   const auto start = clock_type::now();
   for (std::size_t i = 0; i < launches; ++i) {
     const std::size_t si = i % streams.size();
-    cudaStream_t s = streams[si];
+    const stream_t& s = streams[si];
     const std::size_t bytes = sizes[(i / streams.size() + si) % 4];
     void* p = nullptr;
     if (a != nullptr) {
@@ -85,7 +87,7 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<cudaStre
     } else {
       p = prealloc[si];
     }
-    work_kernel<<<64, 256, 0, s>>>(static_cast<unsigned*>(p), bytes / 4, kernel_spin_ns);
+    work_kernel<<<64, 256, 0, s.stream().get()>>>(static_cast<unsigned*>(p), bytes / 4, kernel_spin_ns);
     if (a != nullptr) {
       const auto t0 = clock_type::now();
       a->free(p, bytes, s);
@@ -99,15 +101,29 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<cudaStre
 }
 
 /// Allocate then free the same size on one stream, no kernels: the allocator's own cost per pair.
-double pair_latency_ns(const allocator_under_test& a, cudaStream_t s, std::size_t bytes, int pairs)
+double pair_latency_ns(const allocator_under_test& a, const stream_t& s, std::size_t bytes, int pairs)
 {
   for (int i = 0; i < 100; ++i) a.free(a.allocate(bytes, s), bytes, s);  // warm
-  check(cudaStreamSynchronize(s), "sync");
+  check(cudaStreamSynchronize(s.stream().get()), "sync");
   const auto start = clock_type::now();
   for (int i = 0; i < pairs; ++i) a.free(a.allocate(bytes, s), bytes, s);
   const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / pairs;
-  check(cudaStreamSynchronize(s), "sync");
+  check(cudaStreamSynchronize(s.stream().get()), "sync");
   return ns;
+}
+
+/// What telling streams apart costs: the runtime's cudaStreamGetId.
+double stream_id_ns(cudaStream_t s)
+{
+  constexpr int n = 200000;
+  unsigned long long id = 0, sum = 0;
+  const auto start = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    (void)cudaStreamGetId(s, &id);
+    sum += id;
+  }
+  const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / n;
+  return sum == 0 ? -ns : ns;
 }
 
 double median(std::vector<double> v)
@@ -140,36 +156,46 @@ int main(int argc, char** argv)
   // Power-of-two bins from 256 B to 1 GiB, no cache limit: CUB tuned so that every size here is cached.
   cub::CachingDeviceAllocator cub_allocator(2, 8, 30, cub::CachingDeviceAllocator::INVALID_SIZE);
 
+  auto plain = [](const stream_t& s) { return s.stream(); };  // the handle alone: an id lookup per call
   const std::vector<allocator_under_test> allocators = {
-    {"stream_ordered<coalescing_pool<device_source>>",
-     [&](std::size_t n, cudaStream_t s) { return so_coalescing.allocate_async(n, 256, s); },
-     [&](void* p, std::size_t n, cudaStream_t s) { so_coalescing.deallocate_async(p, n, 256, s); }},
-    {"stream_ordered<size_class_pool<device_source>>",
-     [&](std::size_t n, cudaStream_t s) { return so_size_class.allocate_async(n, 256, s); },
-     [&](void* p, std::size_t n, cudaStream_t s) { so_size_class.deallocate_async(p, n, 256, s); }},
-    {"async_source (cudaMallocFromPoolAsync)", [&](std::size_t n, cudaStream_t s) { return async.allocate_async(n, 256, s); },
-     [&](void* p, std::size_t n, cudaStream_t s) { async.deallocate_async(p, n, 256, s); }},
+    {"stream_ordered<coalescing_pool> (identified)",
+     [&](std::size_t n, const stream_t& s) { return so_coalescing.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, s); }},
+    {"stream_ordered<size_class_pool> (identified)",
+     [&](std::size_t n, const stream_t& s) { return so_size_class.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, const stream_t& s) { so_size_class.deallocate_async(p, n, 256, s); }},
+    {"stream_ordered<coalescing_pool> (stream handle)",
+     [&](std::size_t n, const stream_t& s) { return so_coalescing.allocate_async(n, 256, plain(s)); },
+     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, plain(s)); }},
+    {"async_source (cudaMallocFromPoolAsync)",
+     [&](std::size_t n, const stream_t& s) { return async.allocate_async(n, 256, plain(s)); },
+     [&](void* p, std::size_t n, const stream_t& s) { async.deallocate_async(p, n, 256, plain(s)); }},
     {"cub::CachingDeviceAllocator",
-     [&](std::size_t n, cudaStream_t s) {
+     [&](std::size_t n, const stream_t& s) {
        void* p = nullptr;
-       check(cub_allocator.DeviceAllocate(&p, n, s), "cub allocate");
+       check(cub_allocator.DeviceAllocate(&p, n, s.stream().get()), "cub allocate");
        return p;
      },
-     [&](void* p, std::size_t, cudaStream_t) { check(cub_allocator.DeviceFree(p), "cub free"); }},
+     [&](void* p, std::size_t, const stream_t&) { check(cub_allocator.DeviceFree(p), "cub free"); }},
     {"cudaMalloc/cudaFree",
-     [&](std::size_t n, cudaStream_t) {
+     [&](std::size_t n, const stream_t&) {
        void* p = nullptr;
        check(cudaMalloc(&p, n), "cudaMalloc");
        return p;
      },
-     [&](void* p, std::size_t, cudaStream_t) { check(cudaFree(p), "cudaFree"); }},
+     [&](void* p, std::size_t, const stream_t&) { check(cudaFree(p), "cudaFree"); }},
   };
+  constexpr std::size_t async_row = 3;
 
   const double clock_ns = clock_overhead_ns();
   std::vector<pipeline_result> results;
   std::vector<std::pair<std::string, double>> pairs;
-  cudaStream_t pair_stream = nullptr;
-  check(cudaStreamCreateWithFlags(&pair_stream, cudaStreamNonBlocking), "stream");
+  cudaStream_t pair_handle = nullptr;
+  check(cudaStreamCreateWithFlags(&pair_handle, cudaStreamNonBlocking), "stream");
+  const stream_t pair_stream = strata::identify(pair_handle);
+  std::vector<double> id_runs;
+  for (int r = 0; r < 5; ++r) id_runs.push_back(stream_id_ns(pair_handle));
+  const double id_ns = median(id_runs);
   for (const auto& a : allocators) {
     const int n = a.name.starts_with("cudaMalloc/") ? 2000 : 200000;
     std::vector<double> runs;
@@ -177,8 +203,12 @@ int main(int argc, char** argv)
     pairs.emplace_back(a.name, median(runs));
   }
   for (int nstreams : {1, 2, 4, 8}) {
-    std::vector<cudaStream_t> streams(nstreams);
-    for (auto& s : streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    std::vector<stream_t> streams;
+    for (int i = 0; i < nstreams; ++i) {
+      cudaStream_t s = nullptr;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+      streams.push_back(strata::identify(s));
+    }
     std::vector<void*> prealloc(nstreams);
     for (auto& p : prealloc) check(cudaMalloc(&p, sizes[3]), "prealloc");
     const std::size_t launches = launches_per_stream * static_cast<std::size_t>(nstreams);
@@ -195,12 +225,13 @@ int main(int argc, char** argv)
       results.push_back(slow ? run_pipeline(&a, streams, launches / 4, clock_ns, prealloc) : run_median(&a));
     }
     for (auto p : prealloc) check(cudaFree(p), "free");
-    for (auto s : streams) check(cudaStreamDestroy(s), "destroy");
+    for (auto s : streams) check(cudaStreamDestroy(s.stream().get()), "destroy");
   }
 
   std::printf("\nstreams benchmark on %s; kernels spin %llu us each; sizes 64 KiB..4 MiB\n", prop.name, kernel_spin_ns / 1000);
   std::printf("\npair latency on one stream, 1 MiB (median of 5)\n%-50s %12s %10s\n", "allocator", "ns/pair", "vs async");
-  const double async_pair = pairs[2].second;
+  const double async_pair = pairs[async_row].second;
+  std::printf("%-50s %12.1f   (one call)\n", "cudaStreamGetId", id_ns);
   for (const auto& [name, ns] : pairs) std::printf("%-50s %12.1f %9.1fx\n", name.c_str(), ns, async_pair / ns);
   std::printf("\npipeline (median of 3; cudaMalloc: one run, a quarter of the launches)\n%-50s %7s %9s %11s %14s %12s\n",
               "allocator", "streams", "launches", "total ms", "us/launch", "alloc ns/pair");
@@ -210,7 +241,7 @@ int main(int argc, char** argv)
 
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "{\"device\":\"" << prop.name << "\",\"pair_latency_1MiB_ns\":{";
+    out << "{\"device\":\"" << prop.name << "\",\"stream_id_ns\":" << id_ns << ",\"pair_latency_1MiB_ns\":{";
     for (std::size_t i = 0; i < pairs.size(); ++i) out << (i ? "," : "") << "\"" << pairs[i].first << "\":" << pairs[i].second;
     out << "},\"pipeline\":[";
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -220,6 +251,6 @@ int main(int argc, char** argv)
     }
     out << "]}\n";
   }
-  check(cudaStreamDestroy(pair_stream), "destroy");
+  check(cudaStreamDestroy(pair_handle), "destroy");
   return 0;
 }

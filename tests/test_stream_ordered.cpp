@@ -29,8 +29,8 @@ struct free_record {
 
 /// Sits between stream_ordered and its policy and checks that a block goes back to the policy (where any
 /// stream may get it) only when the work before its last free has completed.
-template <class Policy>
-class watched : public forward_properties<watched<Policy>, Policy> {
+template <class Policy, bool ReportsRoom = false>
+class watched : public forward_properties<watched<Policy, ReportsRoom>, Policy> {
 public:
   watched(Policy policy, simulated_streams& world, std::map<void*, free_record>& freed)
       : policy_(std::move(policy)), world_(&world), freed_(&freed)
@@ -49,6 +49,11 @@ public:
   }
   std::size_t good_size(std::size_t bytes, std::size_t alignment) const { return policy_.good_size(bytes, alignment); }
   strata::usage usage() const noexcept { return policy_.usage(); }
+  bool has_room_for(std::size_t bytes, std::size_t alignment) const noexcept
+    requires ReportsRoom
+  {
+    return policy_.has_room_for(bytes, alignment);
+  }
   friend bool operator==(const watched& a, const watched& b) noexcept { return &a == &b; }
 
   Policy policy_;
@@ -59,13 +64,16 @@ public:
 };
 
 using capped_pool = coalescing_pool<ref<spy<simulated_source>>>;
-using checked_layer = stream_ordered<watched<capped_pool>, simulated_events>;
+template <bool ReportsRoom>
+using checked_layer = stream_ordered<watched<capped_pool, ReportsRoom>, simulated_events>;
 
-/// A layer over a capacity-limited simulated device, with the bookkeeping the checks need.
+/// A layer over a capacity-limited simulated device, with the bookkeeping the checks need. Without room
+/// reports the layer hands blocks back whenever it can; with them, only when the policy would grow.
+template <bool ReportsRoom = false>
 struct rig {
-  explicit rig(std::size_t capacity, typename checked_layer::options opts = {})
+  explicit rig(std::size_t capacity, typename checked_layer<ReportsRoom>::options opts = {})
       : upstream(simulated_source(capacity)),
-        layer(watched<capped_pool>(capped_pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 1 << 20}}, world, freed),
+        layer(watched<capped_pool, ReportsRoom>(capped_pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 1 << 20}}, world, freed),
               opts, simulated_events(world))
   {}
 
@@ -95,7 +103,7 @@ struct rig {
   simulated_streams world;
   std::map<void*, free_record> freed;
   spy<simulated_source> upstream;
-  checked_layer layer;
+  checked_layer<ReportsRoom> layer;
 };
 
 } // namespace
@@ -115,6 +123,10 @@ TEST_CASE("stream_ordered conforms (synchronous path on the simulated default st
   stream_ordered<coalescing_pool<host_source>, simulated_events> layer{coalescing_pool<host_source>{}, {}, simulated_events(world)};
   testing::check_conformance(layer, {.max_alignment = 1 << 16, .rejects_above = 0, .host_accessible = true});
   testing::run_random_workload(layer, {.operations = 20'000, .max_live = 300, .max_alignment = 1 << 12});
+  // Size classes add alignment slack to large blocks: a good size that is not its own good size.
+  stream_ordered<size_class_pool<host_source>, simulated_events> classes{size_class_pool<host_source>{}, {}, simulated_events(world)};
+  testing::check_conformance(classes, {.max_alignment = 1 << 16, .rejects_above = 0, .host_accessible = true});
+  testing::run_random_workload(classes, {.operations = 20'000, .max_live = 300, .max_bytes = 4 << 20, .max_alignment = 1 << 12});
 }
 
 TEST_CASE("stream_ordered: same-stream reuse is immediate, with no policy call and no event")
@@ -141,7 +153,7 @@ TEST_CASE("stream_ordered: same-stream reuse is immediate, with no policy call a
 
 TEST_CASE("stream_ordered: another stream waits for the freeing stream's work or gets other memory")
 {
-  rig r(64 << 20);
+  rig<> r(64 << 20);
   const cuda::stream_ref a = r.world.create(), b = r.world.create();
   void* x = r.allocate(4096, a);
   r.world.launch(a);
@@ -160,9 +172,51 @@ TEST_CASE("stream_ordered: another stream waits for the freeing stream's work or
   r.free(w, 100000, b);
 }
 
+TEST_CASE("stream_ordered: cached blocks stay with their stream while the policy has room")
+{
+  rig<true> r(2 << 20);
+  const cuda::stream_ref a = r.world.create(), b = r.world.create();
+  const std::size_t cycle[] = {4096, 65536, 200000};
+  for (int round = 0; round < 50; ++round)
+    for (std::size_t bytes : cycle) {
+      r.free(r.allocate(bytes, a), bytes, a);
+      r.world.launch(a);
+      r.world.finish(a);
+    }
+  CHECK(r.layer.stats().misses == 3);  // once per shape, then every request is a hit
+  CHECK(r.layer.cached_blocks() == 3);
+  CHECK(r.world.calls().records == 0);
+  // Stream b needs more than the policy has free. a's blocks were re-freed since a last recorded an event, so
+  // nothing says a is done with them: the policy grows rather than the host waiting.
+  void* big = r.allocate(900000, b);
+  CHECK(r.layer.cached_blocks() == 3);
+  CHECK(r.upstream.allocations() == 2);
+  CHECK(r.layer.stats().host_waits == 0);
+  // With the device full, the out-of-memory path waits for a's work and hands its blocks back.
+  void* second = r.allocate(900000, b);
+  CHECK(r.layer.cached_blocks() == 0);
+  CHECK(r.layer.stats().host_waits == 1);
+  r.free(big, 900000, b);
+  r.free(second, 900000, b);
+  CHECK(r.layer.policy().early_returns == 0);
+}
+
+TEST_CASE("stream_ordered: a stream that keeps caching blocks it does not reuse records events for them")
+{
+  rig<true> r(64 << 20);
+  const cuda::stream_ref a = r.world.create();
+  std::vector<void*> held;
+  for (int i = 0; i < 24; ++i) held.push_back(r.allocate(4096 * (i + 1), a));
+  for (int i = 0; i < 24; ++i) r.free(held[i], 4096 * (i + 1), a);
+  CHECK(r.world.calls().records == 2);  // after 8 blocks, then after 16 more (twice the 8 cached then)
+  // Recording the second saw the first complete (no work was enqueued): its 8 blocks went back.
+  CHECK(r.layer.pending_events() == 1);
+  CHECK(r.layer.cached_blocks() == 16);
+}
+
 TEST_CASE("stream_ordered: a full policy hands a block over with a stream wait, not a host wait")
 {
-  rig r(1 << 20, {.frees_per_event = 1});
+  rig<> r(1 << 20, {.frees_per_event = 1});
   const cuda::stream_ref a = r.world.create(), b = r.world.create();
   void* x = r.allocate(1 << 20, a);
   const std::uint64_t ticket = r.world.launch(a);
@@ -179,7 +233,7 @@ TEST_CASE("stream_ordered: a full policy hands a block over with a stream wait, 
 
 TEST_CASE("stream_ordered: out of memory with pending frees waits for them and retries once")
 {
-  rig r(1 << 20);
+  rig<> r(1 << 20);
   const cuda::stream_ref a = r.world.create(), b = r.world.create();
   void* x = r.allocate(512 << 10, a);
   void* x2 = r.allocate(512 << 10, a);
@@ -201,7 +255,7 @@ TEST_CASE("stream_ordered: out of memory with pending frees waits for them and r
 
 TEST_CASE("stream_ordered: a new stream with a destroyed stream's handle does not inherit its blocks")
 {
-  rig r(64 << 20);
+  rig<> r(64 << 20);
   const cuda::stream_ref old_stream = r.world.create();
   const std::uint64_t old_id = r.world.id_of(old_stream);
   void* x = r.allocate(4096, old_stream);
@@ -294,9 +348,7 @@ TEST_CASE("stream_ordered: moving hands over the cached blocks and events")
 
 TEST_CASE("stream_ordered: randomized streams, frees and completions keep every invariant")
 {
-  for (const std::size_t frees_per_event : {std::size_t{1}, std::size_t{8}}) {
-    CAPTURE(frees_per_event);
-    rig r(24 << 20, {.frees_per_event = frees_per_event});
+  auto run = [](auto& r, std::size_t frees_per_event) {
     std::mt19937_64 rng(frees_per_event);
     std::uniform_int_distribution<int> percent(0, 99);
     const std::size_t shapes[] = {256, 1000, 4096, 65536, 300000, 1 << 20};
@@ -375,5 +427,12 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
     r.layer.policy().policy_.release();
     CHECK(r.upstream.outstanding_bytes() == 0);
     CHECK(r.upstream.mismatches() == 0);
+  };
+  for (const std::size_t frees_per_event : {std::size_t{1}, std::size_t{8}}) {
+    CAPTURE(frees_per_event);
+    rig<false> hands_back_eagerly(24 << 20, {.frees_per_event = frees_per_event});
+    run(hands_back_eagerly, frees_per_event);
+    rig<true> hands_back_when_needed(24 << 20, {.frees_per_event = frees_per_event});
+    run(hands_back_when_needed, frees_per_event);
   }
 }

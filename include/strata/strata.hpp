@@ -22,5 +22,6 @@
 #include <strata/policy/size_class_pool.hpp>
 
 #include <strata/stream/cuda_events.hpp>
+#include <strata/stream/identified_stream.hpp>
 #include <strata/stream/simulated_streams.hpp>
 #include <strata/stream/stream_ordered.hpp>

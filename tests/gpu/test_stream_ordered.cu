@@ -33,32 +33,30 @@ cudaStream_t make_stream()
 layer_t tight_layer(std::size_t bytes, std::size_t frees_per_event)
 {
   return layer_t{pool{device_source{}, {.initial_chunk = bytes, .max_chunk = bytes, .max_reserved = bytes}},
-                 {.frees_per_event = frees_per_event}};
+                 {.frees_per_event = frees_per_event, .bytes_per_event = SIZE_MAX}};
 }
 
 /// Stream a writes a pattern, sleeps, copies the buffer to `out`, and frees it; stream b at once allocates
 /// the same size and writes its own pattern. If b got the block before a's copy ran, `out` is corrupted.
 /// Returns whether b got the very same block.
-bool race(layer_t& layer, std::size_t bytes, cudaStream_t a, cudaStream_t b, void* out, std::uint32_t seed)
+template <class Stream>
+bool race(layer_t& layer, std::size_t bytes, Stream a, Stream b, void* out, std::uint32_t seed)
 {
   void* buf = layer.allocate_async(bytes, 256, a);
-  strata::testing::fill(buf, bytes, seed, a);
-  strata::testing::sleep_kernel<<<1, 1, 0, a>>>(long_kernel_ns);
-  REQUIRE(cudaMemcpyAsync(out, buf, bytes, cudaMemcpyDeviceToDevice, a) == cudaSuccess);
+  const cudaStream_t sa = cuda::stream_ref(a).get(), sb = cuda::stream_ref(b).get();
+  strata::testing::fill(buf, bytes, seed, sa);
+  strata::testing::sleep_kernel<<<1, 1, 0, sa>>>(long_kernel_ns);
+  REQUIRE(cudaMemcpyAsync(out, buf, bytes, cudaMemcpyDeviceToDevice, sa) == cudaSuccess);
   layer.deallocate_async(buf, bytes, 256, a);
-  cudaEvent_t a_done = nullptr;
-  REQUIRE(cudaEventCreateWithFlags(&a_done, cudaEventDisableTiming) == cudaSuccess);
-  REQUIRE(cudaEventRecord(a_done, a) == cudaSuccess);
 
   void* mine = layer.allocate_async(bytes, 256, b);
-  strata::testing::fill(mine, bytes, seed + 1, b);
-  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  strata::testing::fill(mine, bytes, seed + 1, sb);
+  REQUIRE(cudaStreamSynchronize(sb) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(sa) == cudaSuccess);
   CHECK(strata::testing::mismatches(out, bytes, seed) == 0);
   CHECK(strata::testing::mismatches(mine, bytes, seed + 1) == 0);
   layer.deallocate_async(mine, bytes, 256, b);
-  REQUIRE(cudaEventDestroy(a_done) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(sb) == cudaSuccess);
   return mine == buf;
 }
 
@@ -89,6 +87,15 @@ TEST_CASE("stream_ordered: race tests over many sizes and stream pairs")
         CHECK(race(layer, bytes, streams[i], streams[(i + 1) % 4], out, seed += 2));
         CHECK(layer.stats().handovers == 1);
         CHECK(layer.stats().host_waits == 0);
+      }
+  }
+  SUBCASE("tight pool, identified streams (no id lookup per call): the same handover")
+  {
+    for (std::size_t bytes : race_sizes)
+      for (int i = 0; i < 4; ++i) {
+        layer_t layer = tight_layer(bytes, 1);
+        CHECK(race(layer, bytes, identify(streams[i]), identify(streams[(i + 1) % 4]), out, seed += 2));
+        CHECK(layer.stats().handovers == 1);
       }
   }
   SUBCASE("tight pool, batched events: out of memory waits for the pending free and retries")
@@ -128,22 +135,24 @@ TEST_CASE("stream_ordered: same-stream reuse returns the block at once, with no 
   cudaStream_t s = make_stream();
   {
     stream_ordered<coalescing_pool<ref<spy<device_source>>>> layer{coalescing_pool<ref<spy<device_source>>>{ref(upstream)}};
+    const identified_stream fast = identify(s);
     void* first = layer.allocate_async(3 << 20, 256, s);
+    void* reused = layer.allocate_async(3 << 20, 256, s);
+    layer.deallocate_async(reused, 3 << 20, 256, s);
     const std::size_t chunks = upstream.allocations();
-    void* reused = nullptr;
     for (int i = 0; i < 1000; ++i) {
-      void* p = layer.allocate_async(3 << 20, 256, s);
-      if (i == 0) reused = p;
+      void* p = i % 2 == 0 ? layer.allocate_async(3 << 20, 256, s) : layer.allocate_async(3 << 20, 256, fast);
       CHECK(p == reused);
       strata::testing::fill(p, 3 << 20, i, s);
-      layer.deallocate_async(p, 3 << 20, 256, s);
+      if (i % 2 == 0) layer.deallocate_async(p, 3 << 20, 256, fast);
+      else layer.deallocate_async(p, 3 << 20, 256, s);
     }
     layer.deallocate_async(first, 3 << 20, 256, s);
     void* again = layer.allocate_async(3 << 20, 256, s);
     CHECK(again == first);
     layer.deallocate_async(again, 3 << 20, 256, s);
     CHECK(upstream.allocations() == chunks);
-    CHECK(layer.stats().hits >= 999);
+    CHECK(layer.stats().hits == 1001);
     CHECK(layer.pending_events() == 0);  // a stream reusing its own blocks records no events
     REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   }

@@ -51,6 +51,13 @@ concept snapshot_resource = resource<R> && requires(const R& r) {
   { r.snapshot() } -> std::same_as<strata::snapshot>;
 };
 
+/// Can say, without side effects, whether a request would be served from memory it already holds (no
+/// upstream call). stream_ordered uses it to hand cached blocks back only when the policy would grow.
+template <class R>
+concept room_reporting_resource = resource<R> && requires(const R& r, std::size_t bytes, std::size_t alignment) {
+  { r.has_room_for(bytes, alignment) } noexcept -> std::same_as<bool>;
+};
+
 /// Can free everything at once (arena).
 template <class R>
 concept resettable_resource = resource<R> && requires(R& r) { r.reset(); };

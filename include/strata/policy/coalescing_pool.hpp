@@ -29,7 +29,7 @@ namespace strata {
 /// then geometric growth, optionally bounded by a maximum chunk and a maximum total; when the upstream
 /// refuses a chunk, the smallest chunk that fits is tried before giving up. release() returns every wholly
 /// free chunk. Block headers live in host memory (never in the memory handed out).
-/// Models: resource, owning, releasable, sized, usage, snapshot; the upstream's properties.
+/// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
 /// Any power-of-two alignment up to the largest chunk. Cost: O(1) allocate and free (bit scans, a hash
 /// lookup by address), no lock; an upstream call only to grow or release. Unsynchronized. Move-only.
 template <resource Upstream>
@@ -111,6 +111,15 @@ public:
   std::size_t good_size(std::size_t bytes, std::size_t = default_alignment) const noexcept
   {
     return bytes == 0 ? 0 : align_up(bytes, granule);
+  }
+
+  /// Whether a free block could serve the request now (false may be pessimistic by one TLSF list).
+  bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
+  {
+    if (bytes == 0) return true;
+    if (bytes > max_request) return false;
+    const std::size_t search = align_up(bytes, granule) + (effective_alignment(alignment) - granule);
+    return const_cast<coalescing_pool*>(this)->find_free(search) != nullptr;
   }
 
   bool owns(const void* p) const noexcept
@@ -363,6 +372,7 @@ private:
 namespace detail::coalescing_pool_claims {
 using P = coalescing_pool<archetype_resource>;
 static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P> && snapshot_resource<P>);
+static_assert(room_reporting_resource<P>);
 static_assert(cuda::mr::resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // forwarded
 static_assert(answers_to_cccl31_names<P> && !stream_resource<P>);
 static_assert(!std::is_copy_constructible_v<P> && std::is_nothrow_move_constructible_v<P>);

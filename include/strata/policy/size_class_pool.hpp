@@ -29,7 +29,7 @@ namespace strata {
 /// straight to the upstream (recorded, so owns/usage/snapshot still see them).
 /// release() returns every chunk whose slabs are all free; slabs that are wholly free inside a chunk still in
 /// use are kept for any class to reuse.
-/// Models: resource, owning, releasable, sized (good_size = the class size), usage, snapshot; the upstream's
+/// Models: resource, owning, releasable, sized (good_size = the class size), usage, snapshot, room-reporting; the upstream's
 /// properties. Cost: allocate and free are O(1) — a class computed by arithmetic and a push or pop on a
 /// vector — with no lock; a slab refill is O(blocks in the slab). Unsynchronized. Move-only.
 template <resource Upstream, std::size_t LargestClass = (std::size_t{1} << 20)>
@@ -107,6 +107,18 @@ public:
     if (bytes == 0) return 0;
     if (bytes <= LargestClass && alignment <= default_alignment) return class_sizes[detail::class_index(bytes)];
     return align_up(bytes, default_alignment) + alignment_slack(alignment);
+  }
+
+  /// Whether the request's class has a free block or a slab could be carved without a new chunk; requests
+  /// served directly by the upstream never have room.
+  bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
+  {
+    if (bytes == 0) return true;
+    if (bytes > LargestClass || alignment > default_alignment) return false;
+    const std::size_t c = detail::class_index(bytes);
+    if (!free_[c].empty()) return true;
+    const std::size_t slab = slab_bytes(c);
+    return !spare_slabs_[std::countr_zero(slab)].empty() || (bump_chunk_ != 0 && opts_.chunk_size - bump_offset_ >= slab);
   }
 
   bool owns(const void* p) const noexcept
@@ -373,6 +385,7 @@ private:
 namespace detail::size_class_pool_claims {
 using P = size_class_pool<archetype_resource>;
 static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P> && snapshot_resource<P>);
+static_assert(room_reporting_resource<P>);
 static_assert(cuda::mr::resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // forwarded
 static_assert(answers_to_cccl31_names<P> && !stream_resource<P>);
 static_assert(!std::is_copy_constructible_v<P> && std::is_nothrow_move_constructible_v<P>);

@@ -6,6 +6,7 @@
 
 #include <strata/core/config.hpp>
 #include <strata/detail/cuda_check.hpp>
+#include <strata/stream/identified_stream.hpp>
 
 namespace strata {
 
@@ -33,12 +34,7 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
 struct cuda_events {
   using event = cudaEvent_t;
 
-  std::uint64_t id_of(cuda::stream_ref stream) const
-  {
-    unsigned long long id = 0;
-    detail::cuda_check(cudaStreamGetId(stream.get(), &id), "cudaStreamGetId");
-    return id;
-  }
+  std::uint64_t id_of(cuda::stream_ref stream) const { return identify(stream).id(); }
   event make_event() const
   {
     cudaEvent_t e = nullptr;

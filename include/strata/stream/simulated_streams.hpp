@@ -11,6 +11,7 @@
 
 #include <strata/core/config.hpp>
 #include <strata/stream/cuda_events.hpp>
+#include <strata/stream/identified_stream.hpp>
 
 namespace strata {
 
@@ -71,6 +72,8 @@ public:
       throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
     return it->second;
   }
+
+  identified_stream identify(cuda::stream_ref stream) const { return {stream, id_of(stream)}; }
 
   /// Enqueues one piece of work on the stream (a kernel); returns its ticket.
   std::uint64_t launch(cuda::stream_ref stream) { return ++streams_.at(id_of(stream)).enqueued; }

@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -19,6 +20,7 @@
 #include <strata/core/usage.hpp>
 #include <strata/detail/object_pool.hpp>
 #include <strata/stream/cuda_events.hpp>
+#include <strata/stream/identified_stream.hpp>
 
 namespace strata {
 
@@ -26,22 +28,26 @@ namespace strata {
 /// policy would give it and the alignment): the next request of that shape on s takes it back at once, since
 /// stream order already puts the new work after the old. Another stream t may have it only once the work s
 /// enqueued before the free has finished: s records an event after such blocks (batched: once
-/// `frees_per_event` blocks or `bytes_per_event` bytes lack one, or when s itself misses), and when an event
-/// has completed its blocks go back to the policy, where they merge and serve anyone. Nothing waits on the
-/// host in the normal course. When the policy runs out, a block of the same shape freed on another stream is
+/// `frees_per_event` blocks or `bytes_per_event` bytes lack one, or when s itself misses), and once an event
+/// has completed its blocks may go back to the policy, where they merge and serve anyone. They go back when
+/// the policy would otherwise have to grow (asked through `has_room_for` where the policy has it; always
+/// otherwise), so a stream cycling through a few shapes keeps its blocks. Nothing waits on the host in the
+/// normal course. When the policy runs out, a block of the same shape freed on another stream is
 /// handed over with t made to wait on that stream's event (cudaStreamWaitEvent); failing that, the host waits
 /// for every pending free, returns them all, and the policy is asked once more before out_of_memory.
 ///
 /// Streams are told apart by the backend's ids (cudaStreamGetId for cuda_events), so a handle reused after
 /// cudaStreamDestroy never inherits the old stream's blocks; the legacy and per-thread default streams are
-/// ordinary streams with ids of their own. The synchronous allocate/deallocate run on the legacy default
+/// ordinary streams with ids of their own. The id lookup is a driver call (about 0.1 µs); pass an
+/// `identified_stream` (strata::identify(stream), once) to skip it. The synchronous allocate/deallocate run on the legacy default
 /// stream; a synchronous allocate that reuses a cached block waits for that stream, so the block is ready for
 /// the host and every stream when it returns.
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
-/// is; the policy's properties. Cost of a cached allocate or free: one backend id lookup (cudaStreamGetId)
-/// and two hash lookups, O(1), no CUDA call besides the id; a miss adds one event record at most, an event
-/// query per stream with pending events, and the policy's own cost. Unsynchronized. Move-only.
+/// is; the policy's properties. Cost of a cached allocate or free: a hash lookup for the shape, O(1), plus
+/// the id lookup (cudaStreamGetId) unless the stream is an identified_stream; no other CUDA call. A miss
+/// costs the policy's allocate, and, when the policy has no room, one event record and an event query per
+/// stream with pending events. Unsynchronized. Move-only.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
                        public stream_names<stream_ordered<Policy, Backend>> {
@@ -50,9 +56,11 @@ public:
   using stream_names<stream_ordered>::deallocate;
   using event = typename Backend::event;
 
+  /// A stream records an event after its cached blocks once more of them lack one than this, or than twice
+  /// what it cached when it last recorded (a stream cycling through its usual shapes then records nothing).
   struct options {
-    std::size_t frees_per_event = 8;                  ///< record an event once this many cached blocks lack one
-    std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold this many bytes
+    std::size_t frees_per_event = 8;
+    std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
   };
 
   /// What the layer did, for tuning and tests.
@@ -95,45 +103,33 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    if (bytes > largest_cached) return policy_.allocate(bytes, alignment);  // fails there, naming the policy
-    const shape sh = shape_of(bytes, alignment);
-    stream_state& s = state_of(backend_.id_of(stream));
-    if (node* n = s.take(sh.key)) return hand_out(n);
-    return allocate_on_miss(sh, stream, s, /*for_host=*/false);
+    return allocate_on(bytes, alignment, stream, backend_.id_of(stream));
+  }
+
+  /// The same, with the stream's id known: no backend call on a hit.
+  void* allocate_async(std::size_t bytes, std::size_t alignment, const identified_stream& stream)
+  {
+    check_alignment("stream_ordered", alignment, largest_alignment);
+    if (bytes == 0) return nullptr;
+    return allocate_on(bytes, alignment, stream.stream(), stream.id());
   }
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
   {
     if (p == nullptr) return;
-    const shape sh = shape_of(bytes, alignment);
-    stream_state* s = nullptr;
+    std::uint64_t id = 0;
     try {
-      s = &state_of(backend_.id_of(stream));
-      node* n = nodes_.make(node{.p = p, .size = sh.size, .align = sh.align, .key = sh.key});
-      try {
-        s->put(n);
-      } catch (...) {
-        nodes_.recycle(n);
-        throw;
-      }
+      id = backend_.id_of(stream);
     } catch (...) {
-      // No room for the bookkeeping (or an unknown stream): make the block safe for everyone the slow way.
-      try {
-        backend_.wait_device();
-      } catch (...) {
-      }
-      policy_.deallocate(p, sh.size, sh.align);
+      return_unordered(p, shape_of(bytes, alignment));  // an unknown stream: nothing to order the reuse by
       return;
     }
-    cached_bytes_ += sh.size;
-    ++cached_blocks_;
-    if (s->uncovered_blocks >= opts_.frees_per_event || s->uncovered_bytes >= opts_.bytes_per_event) {
-      try {
-        cover(*s, stream);
-      } catch (...) {
-        // Left uncovered: the blocks are still reused on this stream, and reclaimed by a later event or wait.
-      }
-    }
+    deallocate_on(p, bytes, alignment, stream, id);
+  }
+
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, const identified_stream& stream) noexcept
+  {
+    if (p != nullptr) deallocate_on(p, bytes, alignment, stream.stream(), stream.id());
   }
 
   /// On the legacy default stream; a reused block is waited for, so it is ready for the host and any stream.
@@ -219,14 +215,16 @@ private:
   static constexpr std::size_t largest_cached = std::size_t{1} << 56;
 
   struct shape {
-    std::size_t size;   ///< what the policy is asked for (its good size), and given back on free
+    std::size_t request;    ///< what the policy is asked for, and given back on free: the same for one key
+    std::size_t footprint;  ///< what the block costs the policy (its good size)
     std::size_t align;
-    std::uint64_t key;  ///< size and log2(alignment): blocks with one key are interchangeable
+    std::uint64_t key;  ///< request and log2(alignment): blocks with one key are interchangeable
   };
 
   struct node {
     void* p = nullptr;
-    std::size_t size = 0;
+    std::size_t request = 0;
+    std::size_t size = 0;  ///< footprint
     std::size_t align = 0;
     std::uint64_t key = 0;
     std::uint64_t seq = 0;  ///< the stream's free counter when freed: events cover frees below a number
@@ -251,6 +249,10 @@ private:
     std::uint64_t covered_seq = 0;
     std::size_t uncovered_blocks = 0;
     std::size_t uncovered_bytes = 0;
+    std::size_t blocks = 0;  ///< cached on this stream
+    std::size_t bytes = 0;
+    std::size_t blocks_at_cover = 0;  ///< what was cached when the last event was recorded
+    std::size_t bytes_at_cover = 0;
     std::deque<pending_event> events;
 
     bool empty() const noexcept { return oldest == nullptr && events.empty(); }
@@ -282,6 +284,14 @@ private:
       newest = n;
       ++uncovered_blocks;
       uncovered_bytes += n->size;
+      ++blocks;
+      bytes += n->size;
+    }
+
+    bool wants_event(const options& opts) const noexcept
+    {
+      return uncovered_blocks >= std::max(opts.frees_per_event, 2 * blocks_at_cover) ||
+             uncovered_bytes >= std::max(opts.bytes_per_event, 2 * bytes_at_cover);
     }
 
     /// Unlinks any block (the handover and reclaim paths).
@@ -302,6 +312,8 @@ private:
   private:
     void unlink_age(node* n) noexcept
     {
+      --blocks;
+      bytes -= n->size;
       (n->older != nullptr ? n->older->newer : oldest) = n->newer;
       (n->newer != nullptr ? n->newer->older : newest) = n->older;
     }
@@ -313,12 +325,66 @@ private:
     }
   };
 
+  /// Requests of one good size share a key when the policy's good size is its own good size (asking for it
+  /// consumes exactly it): then any of them may reuse the block, and the policy always sees that one request.
+  /// Otherwise (e.g. alignment slack added on top) the key is the request rounded to 256 bytes.
   shape shape_of(std::size_t bytes, std::size_t alignment) const noexcept
   {
     const std::size_t align = effective_alignment(alignment);
-    std::size_t size = align_up(bytes, default_alignment);
-    if constexpr (sized_resource<Policy>) size = policy_.good_size(bytes, align);
-    return {size, align, (std::uint64_t{size} << 6) | static_cast<std::uint64_t>(std::countr_zero(align))};
+    std::size_t request = align_up(bytes, default_alignment);
+    std::size_t footprint = request;
+    if constexpr (sized_resource<Policy>) {
+      footprint = policy_.good_size(bytes, align);
+      if (policy_.good_size(footprint, align) == footprint) request = footprint;
+    }
+    return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align))};
+  }
+
+  void* allocate_on(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id)
+  {
+    if (bytes > largest_cached) return policy_.allocate(bytes, alignment);  // fails there, naming the policy
+    const shape sh = shape_of(bytes, alignment);
+    stream_state& s = state_of(id);
+    if (node* n = s.take(sh.key)) return hand_out(n);
+    return allocate_on_miss(sh, stream, s, /*for_host=*/false);
+  }
+
+  void deallocate_on(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id) noexcept
+  {
+    const shape sh = shape_of(bytes, alignment);
+    stream_state* s = nullptr;
+    try {
+      s = &state_of(id);
+      node* n = nodes_.make(node{.p = p, .request = sh.request, .size = sh.footprint, .align = sh.align, .key = sh.key});
+      try {
+        s->put(n);
+      } catch (...) {
+        nodes_.recycle(n);
+        throw;
+      }
+    } catch (...) {
+      return_unordered(p, sh);
+      return;
+    }
+    cached_bytes_ += sh.footprint;
+    ++cached_blocks_;
+    if (s->wants_event(opts_)) {
+      try {
+        cover(*s, stream);
+      } catch (...) {
+        // Left uncovered: the blocks are still reused on this stream, and reclaimed by a later event or wait.
+      }
+    }
+  }
+
+  /// No bookkeeping possible: make the block safe for everyone the slow way, then hand it back.
+  void return_unordered(void* p, const shape& sh) noexcept
+  {
+    try {
+      backend_.wait_device();
+    } catch (...) {
+    }
+    policy_.deallocate(p, sh.request, sh.align);
   }
 
   stream_state& state_of(std::uint64_t id)
@@ -346,7 +412,7 @@ private:
 
   void give_back(node* n) noexcept
   {
-    policy_.deallocate(n->p, n->size, n->align);
+    policy_.deallocate(n->p, n->request, n->align);
     cached_bytes_ -= n->size;
     --cached_blocks_;
     nodes_.recycle(n);
@@ -378,6 +444,8 @@ private:
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
     s.uncovered_bytes = 0;
+    s.blocks_at_cover = s.blocks;
+    s.bytes_at_cover = s.bytes;
   }
 
   /// Returns to the policy every block of s whose covering event has completed.
@@ -410,19 +478,41 @@ private:
     }
   }
 
+  /// Cached blocks go back to the policy only when it would otherwise grow: a stream cycling through a few
+  /// shapes keeps its blocks, while a block no stream reuses returns as soon as its event has completed and
+  /// the policy needs room.
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host)
   {
     ++counters_.misses;
-    cover(s, stream);  // this stream's blocks of other shapes become reclaimable once it passes this point
-    reap_all(s);
+    bool reaped = false;
+    if (!policy_has_room(sh)) {
+      cover(s, stream);  // this stream's blocks of other shapes become reclaimable once it passes this point
+      reap_all(s);
+      reaped = true;
+    }
     try {
-      return policy_.allocate(sh.size, sh.align);
+      return policy_.allocate(sh.request, sh.align);
     } catch (const std::bad_alloc&) {
       if (cached_blocks_ == 0) throw;
     }
+    if (!reaped) {
+      cover(s, stream);
+      reap_all(s);
+      try {
+        return policy_.allocate(sh.request, sh.align);
+      } catch (const std::bad_alloc&) {
+        if (cached_blocks_ == 0) throw;
+      }
+    }
     if (void* p = hand_over(sh.key, stream, s, for_host)) return p;
     wait_for_pending_frees();
-    return policy_.allocate(sh.size, sh.align);
+    return policy_.allocate(sh.request, sh.align);
+  }
+
+  bool policy_has_room(const shape& sh) const noexcept
+  {
+    if constexpr (room_reporting_resource<Policy>) return policy_.has_room_for(sh.request, sh.align);
+    else return false;
   }
 
   /// A block of this shape freed on another stream and covered by an event: the requesting stream is made
