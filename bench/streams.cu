@@ -85,7 +85,7 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<stream_t
       p = a->allocate(bytes, s);
       alloc_ns += std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() - clock_ns;
     } else {
-      p = prealloc[si];
+      p = prealloc[si * 4 + (i / streams.size() + si) % 4];  // the same footprint as the allocators'
     }
     work_kernel<<<64, 256, 0, s.stream().get()>>>(static_cast<unsigned*>(p), bytes / 4, kernel_spin_ns);
     if (a != nullptr) {
@@ -209,8 +209,8 @@ int main(int argc, char** argv)
       check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
       streams.push_back(strata::identify(s));
     }
-    std::vector<void*> prealloc(nstreams);
-    for (auto& p : prealloc) check(cudaMalloc(&p, sizes[3]), "prealloc");
+    std::vector<void*> prealloc(4 * static_cast<std::size_t>(nstreams));
+    for (std::size_t k = 0; k < prealloc.size(); ++k) check(cudaMalloc(&prealloc[k], sizes[k % 4]), "prealloc");
     const std::size_t launches = launches_per_stream * static_cast<std::size_t>(nstreams);
     const std::size_t reps = 3;
     auto run_median = [&](const allocator_under_test* a) {

@@ -1,0 +1,236 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/archetype.hpp>
+#include <strata/core/cccl_names.hpp>
+#include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/core/properties.hpp>
+
+namespace strata {
+
+/// Catches misuse that the plain boxes leave undefined (DESIGN.md rule 5) with a strata::usage_error saying
+/// what happened, before anything reaches the upstream, so the pool stays intact: a double free, a pointer
+/// the box never handed out (or one inside a live block), a free whose size or alignment differs from the
+/// allocation's, a stream-ordered free on a stream the block was neither allocated on nor recorded as used
+/// on (record_use), and allocations still outstanding at destruction (reported to a handler; check_no_leaks()
+/// throws instead).
+///
+/// Its frees throw, so it is not a strata::resource (whose frees are noexcept): it is the top of a stack,
+/// the box the application calls while being debugged. It still satisfies cuda::mr::resource.
+/// Models: cuda::mr::resource (and async_resource when the upstream is stream-ordered); owns; the upstream's
+/// properties. Cost: a mutex and an ordered-map lookup per call. Thread-safe itself. Move-only.
+template <resource Upstream>
+class checked : public forward_properties<checked<Upstream>, Upstream>, public sync_names<checked<Upstream>> {
+public:
+  struct options {
+    bool cross_stream_frees_are_errors = true;
+    /// Called at destruction with a report when allocations are outstanding (default: written to stderr).
+    std::function<void(const std::string&)> on_leaks = [](const std::string& report) { std::cerr << report; };
+  };
+
+  explicit checked(Upstream upstream = Upstream{}, options opts = options{})
+      : upstream_(std::move(upstream)), opts_(std::move(opts))
+  {}
+  checked(checked&& other) noexcept
+      : upstream_(std::move(other.upstream_)), opts_(std::move(other.opts_)), live_(std::move(other.live_)),
+        freed_(std::move(other.freed_))
+  {
+    other.live_.clear();
+    other.freed_.clear();
+  }
+  checked& operator=(checked&&) = delete;
+  ~checked()
+  {
+    if (!live_.empty() && opts_.on_leaks) {
+      try {
+        opts_.on_leaks(leak_report());
+      } catch (...) {
+      }
+    }
+  }
+
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    void* p = upstream_.allocate(bytes, alignment);
+    remember(p, bytes, alignment, no_stream, [&] { upstream_.deallocate(p, bytes, alignment); });
+    return p;
+  }
+  /// Throws usage_error on misuse (and frees nothing then).
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    if (p == nullptr) return;
+    verify_and_forget(p, bytes, alignment, no_stream);
+    upstream_.deallocate(p, bytes, alignment);
+  }
+
+  void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
+    requires stream_resource<Upstream>
+  {
+    void* p = upstream_.allocate_async(bytes, alignment, stream);
+    remember(p, bytes, alignment, handle(stream), [&] { upstream_.deallocate_async(p, bytes, alignment, stream); });
+    return p;
+  }
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
+    requires stream_resource<Upstream>
+  {
+    if (p == nullptr) return;
+    verify_and_forget(p, bytes, alignment, handle(stream));
+    upstream_.deallocate_async(p, bytes, alignment, stream);
+  }
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
+    requires stream_resource<Upstream>
+  {
+    return allocate_async(bytes, alignment, stream);
+  }
+  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment)
+    requires stream_resource<Upstream>
+  {
+    deallocate_async(p, bytes, alignment, stream);
+  }
+
+  /// Declares that the block is also used on `stream` (after the program ordered that stream's work with
+  /// the allocating one), so that freeing it there is not reported.
+  void record_use(const void* p, cuda::stream_ref stream)
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == live_.end()) throw usage_error(describe(p) + ": record_use of a pointer that is not a live allocation");
+    it->second.used_on.insert(handle(stream));
+  }
+
+  bool owns(const void* p) const noexcept
+  {
+    std::lock_guard lock(mutex_);
+    return live_.count(reinterpret_cast<std::uintptr_t>(p)) != 0;
+  }
+  std::size_t outstanding() const
+  {
+    std::lock_guard lock(mutex_);
+    return live_.size();
+  }
+  /// Throws usage_error listing every allocation still outstanding.
+  void check_no_leaks() const
+  {
+    std::lock_guard lock(mutex_);
+    if (!live_.empty()) throw usage_error(leak_report());
+  }
+
+  Upstream& upstream() noexcept { return upstream_; }
+
+  friend bool operator==(const checked& a, const checked& b) noexcept { return &a == &b; }
+
+private:
+  static constexpr std::uintptr_t no_stream = ~std::uintptr_t{0};
+
+  struct record {
+    std::size_t bytes, alignment;
+    std::uintptr_t stream;
+    std::set<std::uintptr_t> used_on;
+  };
+
+  static std::uintptr_t handle(cuda::stream_ref stream) noexcept { return reinterpret_cast<std::uintptr_t>(stream.get()); }
+  static std::string describe(const void* p)
+  {
+    std::ostringstream out;
+    out << "strata::checked: " << p;
+    return out.str();
+  }
+  static std::string stream_name(std::uintptr_t s)
+  {
+    if (s == no_stream) return "no stream (synchronous)";
+    std::ostringstream out;
+    out << "stream 0x" << std::hex << s;
+    return out.str();
+  }
+
+  template <class Undo>
+  void remember(void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream, Undo undo)
+  {
+    if (p == nullptr) return;
+    try {
+      std::lock_guard lock(mutex_);
+      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      freed_.erase(address);
+      live_[address] = {bytes, alignment, stream, {}};
+    } catch (...) {
+      undo();
+      throw;
+    }
+  }
+
+  void verify_and_forget(const void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream)
+  {
+    std::lock_guard lock(mutex_);
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    const auto it = live_.find(address);
+    if (it == live_.end()) throw usage_error(describe(p) + ": " + why_not_live(address));
+    const record& r = it->second;
+    if (bytes != r.bytes)
+      throw usage_error(describe(p) + ": freed with " + std::to_string(bytes) + " bytes, but allocated with " +
+                        std::to_string(r.bytes));
+    if (effective_alignment(alignment) != effective_alignment(r.alignment))
+      throw usage_error(describe(p) + ": freed with alignment " + std::to_string(alignment) + ", but allocated with " +
+                        std::to_string(r.alignment));
+    if (opts_.cross_stream_frees_are_errors && stream != no_stream && r.stream != no_stream && stream != r.stream &&
+        r.used_on.count(stream) == 0)
+      throw usage_error(describe(p) + ": freed on " + stream_name(stream) + " but allocated on " + stream_name(r.stream) +
+                        " and never recorded as used there: work on the allocating stream may still use it; order "
+                        "the streams and call record_use(p, stream) first");
+    freed_.insert(address);
+    live_.erase(it);
+  }
+
+  std::string why_not_live(std::uintptr_t address) const
+  {
+    if (freed_.count(address) != 0) return "double free (this block was already freed)";
+    auto next = live_.upper_bound(address);
+    if (next != live_.begin()) {
+      const auto& [start, r] = *std::prev(next);
+      if (address < start + r.bytes) {
+        std::ostringstream out;
+        out << "interior pointer: " << (address - start) << " bytes into the live block of " << r.bytes
+            << " bytes at " << reinterpret_cast<const void*>(start);
+        return out.str();
+      }
+    }
+    return "this box never handed out this pointer";
+  }
+
+  std::string leak_report() const
+  {
+    std::ostringstream out;
+    std::size_t total = 0;
+    for (const auto& [a, r] : live_) total += r.bytes;
+    out << "strata::checked: " << live_.size() << " allocation(s) outstanding, " << total << " bytes\n";
+    for (const auto& [a, r] : live_)
+      out << "  " << reinterpret_cast<const void*>(a) << " " << r.bytes << " bytes, " << stream_name(r.stream) << "\n";
+    return out.str();
+  }
+
+  [[no_unique_address]] Upstream upstream_;
+  options opts_;
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, record> live_;
+  std::unordered_set<std::uintptr_t> freed_;
+};
+
+namespace detail::checked_claims {
+using C = checked<archetype_resource>;
+static_assert(!resource<C>, "checked's frees throw: not a strata::resource, by design");
+static_assert(cuda::mr::resource_with<C, device_accessible>);
+} // namespace detail::checked_claims
+
+} // namespace strata

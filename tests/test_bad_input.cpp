@@ -1,0 +1,174 @@
+// Bad input, end to end: every box gets every bad argument (alignment 0, 3, larger than it supports; sizes
+// 0, 1, SIZE_MAX, SIZE_MAX/2; null frees) and checked<R> gets every misuse (double free, foreign and interior
+// pointers, wrong size or alignment, cross-stream frees, leaks). Each must end in the documented outcome — a
+// clear exception naming the box, or a no-op — and afterwards the randomized checker still passes and
+// everything is back at the upstream.
+#include <doctest/doctest.h>
+
+#include <climits>
+#include <string>
+
+#include <strata/adaptor/checked.hpp>
+#include <strata/adaptor/fallback.hpp>
+#include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/recorder.hpp>
+#include <strata/adaptor/retry_on_oom.hpp>
+#include <strata/adaptor/segregator.hpp>
+#include <strata/adaptor/statistics.hpp>
+#include <strata/adaptor/synchronized.hpp>
+#include <strata/adaptor/thread_cached.hpp>
+#include <strata/adaptor/tracking.hpp>
+#include <strata/core/ref.hpp>
+#include <strata/policy/arena.hpp>
+#include <strata/policy/buddy_pool.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/host_source.hpp>
+#include <strata/source/simulated_source.hpp>
+#include <strata/stream/simulated_streams.hpp>
+#include <strata/stream/stream_ordered.hpp>
+#include "support/invariants.hpp"
+#include "support/spy.hpp"
+
+using namespace strata;
+using strata::testing::spy;
+
+namespace {
+
+/// Feeds `r` every bad argument; `box` is the name its exceptions must carry (the box that checks).
+template <class R>
+void feed_bad_arguments(R& r, const std::string& box)
+{
+  for (std::size_t a : {std::size_t{0}, std::size_t{3}, std::size_t{1000}, std::size_t{1} << 62}) {
+    CAPTURE(a);
+    try {
+      (void)r.allocate(256, a);
+      FAIL("alignment " << a << " was accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(box) != std::string::npos);
+      CHECK(std::string(e.what()).find(std::to_string(a)) != std::string::npos);
+    }
+  }
+  CHECK(r.allocate(0, 256) == nullptr);
+  r.deallocate(nullptr, 0, 256);
+  r.deallocate(nullptr, 4096, 256);
+  void* one = r.allocate(1, 256);
+  REQUIRE(one != nullptr);
+  CHECK(is_aligned(one, 256));
+  for (std::size_t bytes : {SIZE_MAX, SIZE_MAX / 2, SIZE_MAX - 255}) {
+    CAPTURE(bytes);
+    try {
+      (void)r.allocate(bytes, 256);
+      FAIL("a request of " << bytes << " bytes succeeded");
+    } catch (const out_of_memory& e) {
+      CHECK(std::string(e.what()).find(std::to_string(bytes)) != std::string::npos);
+    }
+  }
+  r.deallocate(one, 1, 256);
+  // Still intact: the randomized checker passes.
+  testing::run_random_workload(r, {.operations = 5'000, .max_live = 100, .max_bytes = 1 << 18, .max_alignment = 256});
+}
+
+template <class Box>
+void check_box(const std::string& box, auto make)
+{
+  spy<simulated_source> upstream{simulated_source(std::size_t{1} << 32)};
+  {
+    Box r = make(ref(upstream));
+    feed_bad_arguments(r, box);
+  }
+  CHECK(upstream.outstanding_bytes() == 0);
+  CHECK(upstream.mismatches() == 0);
+}
+
+using up = ref<spy<simulated_source>>;
+
+} // namespace
+
+TEST_CASE("bad arguments to every box: clear exceptions, no-ops, nothing lost")
+{
+  SUBCASE("simulated_source") { check_box<up>("simulated_source", [](up u) { return u; }); }
+  SUBCASE("arena") { check_box<arena<up>>("arena", [](up u) { return arena<up>{u}; }); }
+  SUBCASE("size_class_pool") { check_box<size_class_pool<up>>("size_class_pool", [](up u) { return size_class_pool<up>{u}; }); }
+  SUBCASE("buddy_pool") { check_box<buddy_pool<up>>("buddy_pool", [](up u) { return buddy_pool<up>{u}; }); }
+  SUBCASE("coalescing_pool") { check_box<coalescing_pool<up>>("coalescing_pool", [](up u) { return coalescing_pool<up>{u}; }); }
+  SUBCASE("stream_ordered")
+  {
+    static simulated_streams world;
+    using so = stream_ordered<coalescing_pool<up>, simulated_events>;
+    check_box<so>("stream_ordered", [](up u) { return so{coalescing_pool<up>{u}, {}, simulated_events(world)}; });
+  }
+  // Adaptors leave argument checks to the box below them, whose name the exception carries.
+  using pool = coalescing_pool<up>;
+  SUBCASE("limit") { check_box<limit<pool>>("coalescing_pool", [](up u) { return limit<pool>{pool{u}, std::size_t{1} << 30}; }); }
+  SUBCASE("statistics") { check_box<statistics<pool>>("coalescing_pool", [](up u) { return statistics<pool>{pool{u}}; }); }
+  SUBCASE("tracking") { check_box<tracking<pool>>("coalescing_pool", [](up u) { return tracking<pool>{pool{u}}; }); }
+  SUBCASE("synchronized") { check_box<synchronized<pool>>("coalescing_pool", [](up u) { return synchronized<pool>{pool{u}}; }); }
+  SUBCASE("thread_cached") { check_box<thread_cached<pool>>("coalescing_pool", [](up u) { return thread_cached<pool>{pool{u}}; }); }
+  SUBCASE("retry_on_oom")
+  {
+    check_box<retry_on_oom<pool>>("coalescing_pool", [](up u) { return retry_on_oom<pool>{pool{u}, [](std::size_t, int) { return true; }, 3}; });
+  }
+  SUBCASE("fallback")
+  {
+    using f = fallback<pool, host_source>;  // the secondary refuses the huge requests too
+    check_box<f>("coalescing_pool", [](up u) { return f{pool{u}, host_source{}}; });
+  }
+  SUBCASE("segregator")
+  {
+    using s = segregator<4096, size_class_pool<up>, pool>;
+    // Alignments above 256 go to size classes' direct path; the message names whichever box checked.
+    check_box<s>("_pool", [](up u) { return s{size_class_pool<up>{u}, pool{u}}; });
+  }
+}
+
+TEST_CASE("checked: every misuse is a usage_error that says what happened, and the pool stays intact")
+{
+  spy<host_source> upstream;
+  std::string leaks;
+  {
+    checked<coalescing_pool<ref<spy<host_source>>>> r{coalescing_pool<ref<spy<host_source>>>{ref(upstream)},
+                                                      {.on_leaks = [&](const std::string& report) { leaks = report; }}};
+    char* a = static_cast<char*>(r.allocate(1000));
+    void* b = r.allocate(5000, 4096);
+    const auto before = r.upstream().usage();
+
+    CHECK_THROWS_WITH_AS(r.deallocate(a, 999), doctest::Contains("freed with 999 bytes, but allocated with 1000"), usage_error);
+    CHECK_THROWS_WITH_AS(r.deallocate(b, 5000, 256), doctest::Contains("freed with alignment 256, but allocated with 4096"), usage_error);
+    CHECK_THROWS_WITH_AS(r.deallocate(a + 256, 100), doctest::Contains("interior pointer: 256 bytes into the live block of 1000 bytes"), usage_error);
+    int local = 0;
+    CHECK_THROWS_WITH_AS(r.deallocate(&local, 4), doctest::Contains("never handed out"), usage_error);
+    CHECK(r.upstream().usage() == before);  // nothing reached the pool
+
+    r.deallocate(a, 1000);
+    CHECK_THROWS_WITH_AS(r.deallocate(a, 1000), doctest::Contains("double free"), usage_error);
+    CHECK_THROWS_AS(r.record_use(a, cuda::stream_ref{cudaStreamLegacy}), usage_error);
+    CHECK(r.outstanding() == 1);
+    CHECK_THROWS_WITH_AS(r.check_no_leaks(), doctest::Contains("1 allocation(s) outstanding, 5000 bytes"), usage_error);
+    // After all that, the pool still works and its accounting is exact.
+    testing::run_random_workload(r, {.operations = 5'000, .max_live = 100, .max_alignment = 1 << 12});
+    // The same address handed out again is a live block once more, not a double free.
+    void* again = r.allocate(1000);
+    r.deallocate(again, 1000);
+  }
+  CHECK(leaks.find("1 allocation(s) outstanding, 5000 bytes") != std::string::npos);
+  CHECK(upstream.outstanding_bytes() == 0);
+  CHECK(upstream.mismatches() == 0);
+}
+
+TEST_CASE("checked: a stream-ordered free on a stream the block was not used on is reported")
+{
+  simulated_streams world;
+  using so = stream_ordered<coalescing_pool<host_source>, simulated_events>;
+  checked<so> r{so{coalescing_pool<host_source>{}, {}, simulated_events(world)}};
+  const cuda::stream_ref s1 = world.create(), s2 = world.create();
+  void* p = r.allocate_async(4096, 256, s1);
+  CHECK_THROWS_WITH_AS(r.deallocate_async(p, 4096, 256, s2), doctest::Contains("never recorded as used there"), usage_error);
+  r.record_use(p, s2);  // the program ordered s2 after s1's use
+  r.deallocate_async(p, 4096, 256, s2);
+  CHECK(r.outstanding() == 0);
+  checked<so> lenient{so{coalescing_pool<host_source>{}, {}, simulated_events(world)}, {.cross_stream_frees_are_errors = false}};
+  void* q = lenient.allocate_async(4096, 256, s1);
+  lenient.deallocate_async(q, 4096, 256, s2);
+  CHECK(lenient.outstanding() == 0);
+}
