@@ -25,3 +25,14 @@
 #include <strata/stream/identified_stream.hpp>
 #include <strata/stream/simulated_streams.hpp>
 #include <strata/stream/stream_ordered.hpp>
+
+#include <strata/adaptor/checked.hpp>
+#include <strata/adaptor/fallback.hpp>
+#include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/recorder.hpp>
+#include <strata/adaptor/retry_on_oom.hpp>
+#include <strata/adaptor/segregator.hpp>
+#include <strata/adaptor/statistics.hpp>
+#include <strata/adaptor/synchronized.hpp>
+#include <strata/adaptor/thread_cached.hpp>
+#include <strata/adaptor/tracking.hpp>

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -160,15 +161,12 @@ private:
 
   class spin_guard {
   public:
+    // Contended only while another thread drains the caches (release, destruction): spin, yielding.
     explicit spin_guard(std::atomic_flag& flag) noexcept : flag_(flag)
     {
-      while (flag_.test_and_set(std::memory_order_acquire)) flag_.wait(true, std::memory_order_relaxed);
+      while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
     }
-    ~spin_guard()
-    {
-      flag_.clear(std::memory_order_release);
-      flag_.notify_one();
-    }
+    ~spin_guard() { flag_.clear(std::memory_order_release); }
     spin_guard(const spin_guard&) = delete;
     spin_guard& operator=(const spin_guard&) = delete;
 
