@@ -36,3 +36,7 @@
 #include <strata/adaptor/synchronized.hpp>
 #include <strata/adaptor/thread_cached.hpp>
 #include <strata/adaptor/tracking.hpp>
+
+#include <strata/interop/any_resource.hpp>
+#include <strata/interop/pmr_adaptor.hpp>
+// Thrust interop (thrust_allocator, thrust_temp_allocator, thrust_resource) is included on its own: it pulls in Thrust.
