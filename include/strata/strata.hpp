@@ -14,6 +14,7 @@
 #include <strata/source/host_source.hpp>
 #include <strata/source/managed_source.hpp>
 #include <strata/source/pinned_source.hpp>
+#include <strata/source/registered_host_source.hpp>
 #include <strata/source/simulated_source.hpp>
 
 #include <strata/policy/arena.hpp>
@@ -29,6 +30,7 @@
 #include <strata/adaptor/checked.hpp>
 #include <strata/adaptor/fallback.hpp>
 #include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/prefetch.hpp>
 #include <strata/adaptor/recorder.hpp>
 #include <strata/adaptor/retry_on_oom.hpp>
 #include <strata/adaptor/segregator.hpp>
