@@ -1,0 +1,398 @@
+// strata against the allocators its users have, in one run on one GPU:
+//   1. pair latency: allocate then free the same size, 256 B .. 1 GiB;
+//   2. random allocations: 200,000 operations, up to 2,000 live, 50/50, sizes uniform in [1 B, 1 MiB] and
+//      log-uniform in [256 B, 64 MiB];
+//   5. replay of a trace (DESIGN.md format) on real device memory: ns per operation, peak reserved / peak live.
+// Peers: cudaMalloc/cudaFree, cudaMallocAsync (own pool, release threshold at the maximum), CUB's
+// CachingDeviceAllocator (defaults), Thrust's disjoint_unsynchronized_pool_resource over its CUDA memory
+// resource, and RMM's pool and arena resources when the RMM shim was built (bench/rmm_shim, loaded with dlopen).
+//   peers [--json FILE] [--trace FILE] [--rmm-shim PATH] [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <dlfcn.h>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cub/util_allocator.cuh>
+#include <thrust/mr/disjoint_pool.h>
+#include <thrust/mr/new.h>
+#include <thrust/system/cuda/memory_resource.h>
+
+#include <strata/adaptor/segregator.hpp>
+#include <strata/adaptor/statistics.hpp>
+#include <strata/core/ref.hpp>
+#include <strata/policy/buddy_pool.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/async_source.hpp>
+#include <strata/source/device_source.hpp>
+#include "replay_driver.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using counted_device = strata::statistics<strata::device_source>;  // its current bytes: what a stack reserved
+
+void check(cudaError_t status, const char* what)
+{
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+/// One allocator as the benchmark drives it. `reserved` says how many bytes it holds from the device.
+struct allocator {
+  std::string name;
+  bool is_strata = false;
+  std::function<void*(std::size_t)> allocate;
+  std::function<void(void*, std::size_t)> free;
+  std::function<std::size_t()> reserved;
+};
+
+/// Makes a fresh allocator each time it is called (each measurement starts from an empty pool), and keeps it
+/// alive until the next call.
+using factory = std::function<allocator()>;
+
+// ---- Thrust's disjoint pool over a counting CUDA resource --------------------------------------------------
+class counting_cuda_resource final : public thrust::mr::memory_resource<thrust::cuda::pointer<void>> {
+public:
+  pointer do_allocate(std::size_t bytes, std::size_t alignment) override
+  {
+    auto p = inner_.do_allocate(bytes, alignment);
+    held_ += bytes;
+    return p;
+  }
+  void do_deallocate(pointer p, std::size_t bytes, std::size_t alignment) override
+  {
+    inner_.do_deallocate(p, bytes, alignment);
+    held_ -= bytes;
+  }
+  std::size_t held() const { return held_; }
+
+private:
+  thrust::system::cuda::memory_resource inner_;
+  std::size_t held_ = 0;
+};
+using thrust_pool = thrust::mr::disjoint_unsynchronized_pool_resource<counting_cuda_resource, thrust::mr::new_delete_resource>;
+
+// ---- RMM through the shim (its own CCCL version lives in its own shared library) ---------------------------
+struct rmm_shim {
+  void* (*create)(const char* kind) = nullptr;
+  void* (*allocate)(void* mr, std::size_t bytes) = nullptr;
+  void (*deallocate)(void* mr, void* p, std::size_t bytes) = nullptr;
+  std::size_t (*reserved)(void* mr) = nullptr;
+  void (*destroy)(void* mr) = nullptr;
+  const char* (*version)() = nullptr;
+
+  static std::unique_ptr<rmm_shim> load(const std::string& path)
+  {
+    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      std::printf("RMM rows skipped: %s\n", ::dlerror());
+      return nullptr;
+    }
+    auto shim = std::make_unique<rmm_shim>();
+    shim->create = reinterpret_cast<decltype(create)>(::dlsym(lib, "strata_rmm_create"));
+    shim->allocate = reinterpret_cast<decltype(allocate)>(::dlsym(lib, "strata_rmm_allocate"));
+    shim->deallocate = reinterpret_cast<decltype(deallocate)>(::dlsym(lib, "strata_rmm_deallocate"));
+    shim->reserved = reinterpret_cast<decltype(reserved)>(::dlsym(lib, "strata_rmm_reserved"));
+    shim->destroy = reinterpret_cast<decltype(destroy)>(::dlsym(lib, "strata_rmm_destroy"));
+    shim->version = reinterpret_cast<decltype(version)>(::dlsym(lib, "strata_rmm_version"));
+    if (!shim->create || !shim->allocate || !shim->deallocate || !shim->reserved || !shim->destroy || !shim->version) {
+      std::printf("RMM rows skipped: %s lacks the shim's functions\n", path.c_str());
+      return nullptr;
+    }
+    return shim;
+  }
+};
+
+template <class Stack>
+factory strata_stack(std::string name, std::function<std::unique_ptr<Stack>(counted_device&)> make)
+{
+  return [name, make, upstream = std::make_shared<std::unique_ptr<counted_device>>(), keep = std::make_shared<std::unique_ptr<Stack>>()] {
+    keep->reset();  // the previous stack goes first: it returns its memory to the previous counter
+    *upstream = std::make_unique<counted_device>();
+    *keep = make(**upstream);
+    Stack* s = keep->get();
+    counted_device* u = upstream->get();
+    return allocator{name, true, [s](std::size_t n) { return s->allocate(n, 256); }, [s](void* p, std::size_t n) { s->deallocate(p, n, 256); },
+                     [u] { return u->snapshot_counts().current_bytes; }};
+  };
+}
+
+std::vector<factory> all_allocators(rmm_shim* rmm)
+{
+  using ref_t = strata::ref<counted_device>;
+  std::vector<factory> f;
+  f.push_back(strata_stack<strata::size_class_pool<ref_t>>("strata size_class_pool", [](counted_device& u) {
+    return std::make_unique<strata::size_class_pool<ref_t>>(ref_t(u));
+  }));
+  f.push_back(strata_stack<strata::coalescing_pool<ref_t>>("strata coalescing_pool", [](counted_device& u) {
+    return std::make_unique<strata::coalescing_pool<ref_t>>(ref_t(u));
+  }));
+  f.push_back(strata_stack<strata::buddy_pool<ref_t>>("strata buddy_pool", [](counted_device& u) {
+    return std::make_unique<strata::buddy_pool<ref_t>>(ref_t(u));
+  }));
+  using seg = strata::segregator<std::size_t{1} << 20, strata::size_class_pool<ref_t>, strata::coalescing_pool<ref_t>>;
+  f.push_back(strata_stack<seg>("strata segregator<1 MiB, size_class, coalescing>", [](counted_device& u) {
+    return std::make_unique<seg>(strata::size_class_pool<ref_t>(ref_t(u)), strata::coalescing_pool<ref_t>(ref_t(u)));
+  }));
+  f.push_back([keep = std::make_shared<std::unique_ptr<strata::async_source>>()] {
+    keep->reset();
+    *keep = std::make_unique<strata::async_source>();
+    strata::async_source* a = keep->get();
+    return allocator{"cudaMallocAsync (pool, threshold max)", false,
+                     [a](std::size_t n) { return a->allocate_async(n, 256, cuda::stream_ref{cudaStreamLegacy}); },
+                     [a](void* p, std::size_t n) { a->deallocate_async(p, n, 256, cuda::stream_ref{cudaStreamLegacy}); },
+                     [a] { return static_cast<std::size_t>(a->reserved_bytes()); }};
+  });
+  f.push_back([keep = std::make_shared<std::unique_ptr<cub::CachingDeviceAllocator>>()] {
+    keep->reset();
+    *keep = std::make_unique<cub::CachingDeviceAllocator>();
+    cub::CachingDeviceAllocator* c = keep->get();
+    return allocator{"cub::CachingDeviceAllocator (defaults)", false,
+                     [c](std::size_t n) {
+                       void* p = nullptr;
+                       check(c->DeviceAllocate(&p, n), "cub allocate");
+                       return p;
+                     },
+                     [c](void* p, std::size_t) { check(c->DeviceFree(p), "cub free"); },
+                     [c] {
+                       const auto& b = c->cached_bytes[0];
+                       return b.free + b.live;
+                     }};
+  });
+  f.push_back([keep = std::make_shared<std::pair<std::unique_ptr<counting_cuda_resource>, std::unique_ptr<thrust_pool>>>()] {
+    keep->second.reset();
+    keep->first = std::make_unique<counting_cuda_resource>();
+    static thrust::mr::new_delete_resource bookkeeper;
+    keep->second = std::make_unique<thrust_pool>(keep->first.get(), &bookkeeper);
+    thrust_pool* t = keep->second.get();
+    counting_cuda_resource* up = keep->first.get();
+    return allocator{"thrust disjoint_unsynchronized_pool", false,
+                     [t](std::size_t n) { return thrust::raw_pointer_cast(t->do_allocate(n, 256)); },
+                     [t](void* p, std::size_t n) { t->do_deallocate(thrust::cuda::pointer<void>(p), n, 256); },
+                     [up] { return up->held(); }};
+  });
+  if (rmm != nullptr) {
+    for (const char* kind : {"pool", "arena"}) {
+      f.push_back([rmm, kind, keep = std::make_shared<void*>(nullptr)] {
+        if (*keep != nullptr) rmm->destroy(*keep);
+        *keep = rmm->create(kind);
+        void* mr = *keep;
+        return allocator{std::string("rmm ") + kind + "_memory_resource", false, [rmm, mr](std::size_t n) { return rmm->allocate(mr, n); },
+                         [rmm, mr](void* p, std::size_t n) { rmm->deallocate(mr, p, n); }, [rmm, mr] { return rmm->reserved(mr); }};
+      });
+    }
+  }
+  f.push_back([] {
+    return allocator{"cudaMalloc/cudaFree", false,
+                     [](std::size_t n) {
+                       void* p = nullptr;
+                       check(cudaMalloc(&p, n), "cudaMalloc");
+                       return p;
+                     },
+                     [](void* p, std::size_t) { check(cudaFree(p), "cudaFree"); }, [] { return std::size_t{0}; }};
+  });
+  return f;
+}
+
+double median(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Allocate then free `bytes`, repeated for about `budget` seconds (at least 3 pairs); ns per pair.
+double pair_latency(allocator& a, std::size_t bytes, double budget)
+{
+  for (int i = 0; i < 3; ++i) a.free(a.allocate(bytes), bytes);  // warm: pools hold the block now
+  check(cudaDeviceSynchronize(), "sync");
+  std::size_t pairs = 0;
+  const auto t0 = clock_type::now();
+  double elapsed = 0;
+  while (pairs < 3 || elapsed < budget) {
+    for (int i = 0; i < 64; ++i) a.free(a.allocate(bytes), bytes);
+    pairs += 64;
+    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+    if (pairs >= 4'000'000) break;
+  }
+  return elapsed * 1e9 / static_cast<double>(pairs);
+}
+
+struct op {
+  bool allocate;
+  std::size_t slot;   // which live slot it fills or empties
+  std::size_t bytes;
+};
+
+/// 50/50 allocate/free with at most `max_live` live, the same sequence for every allocator.
+std::vector<op> random_ops(std::size_t count, std::size_t max_live, bool log_uniform, unsigned seed)
+{
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::size_t> uniform(1, std::size_t{1} << 20);
+  std::uniform_real_distribution<double> log_size(8, 26);  // 256 B .. 64 MiB
+  std::vector<op> ops;
+  ops.reserve(count);
+  std::vector<std::size_t> live, free_slots;
+  std::vector<std::size_t> sizes(max_live);
+  for (std::size_t s = max_live; s-- > 0;) free_slots.push_back(s);
+  while (ops.size() < count) {
+    const bool alloc = live.empty() || (!free_slots.empty() && (rng() & 1));
+    if (alloc) {
+      const std::size_t slot = free_slots.back();
+      free_slots.pop_back();
+      sizes[slot] = log_uniform ? static_cast<std::size_t>(std::exp2(log_size(rng))) : uniform(rng);
+      live.push_back(slot);
+      ops.push_back({true, slot, sizes[slot]});
+    } else {
+      const std::size_t k = rng() % live.size();
+      const std::size_t slot = live[k];
+      live[k] = live.back();
+      live.pop_back();
+      free_slots.push_back(slot);
+      ops.push_back({false, slot, sizes[slot]});
+    }
+  }
+  return ops;
+}
+
+/// ns per operation over the sequence (the cleanup of what is still live is not timed).
+double run_random(allocator& a, const std::vector<op>& ops, std::size_t max_live)
+{
+  std::vector<std::pair<void*, std::size_t>> slots(max_live, {nullptr, 0});
+  check(cudaDeviceSynchronize(), "sync");
+  const auto t0 = clock_type::now();
+  for (const op& o : ops) {
+    if (o.allocate) slots[o.slot] = {a.allocate(o.bytes), o.bytes};
+    else a.free(slots[o.slot].first, slots[o.slot].second), slots[o.slot].first = nullptr;
+  }
+  const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / static_cast<double>(ops.size());
+  for (auto [p, n] : slots)
+    if (p != nullptr) a.free(p, n);
+  check(cudaDeviceSynchronize(), "sync");
+  return ns;
+}
+
+std::string size_name(std::size_t n)
+{
+  if (n >= (1u << 30)) return std::to_string(n >> 30) + " GiB";
+  if (n >= (1u << 20)) return std::to_string(n >> 20) + " MiB";
+  if (n >= (1u << 10)) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  std::string json_path, trace_path, shim_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+    else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) trace_path = argv[++i];
+    else if (std::strcmp(argv[i], "--rmm-shim") == 0 && i + 1 < argc) shim_path = argv[++i];
+    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("peers: no GPU here, nothing to measure (bench/replay plans traces on simulated memory)\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  std::unique_ptr<rmm_shim> rmm = shim_path.empty() ? nullptr : rmm_shim::load(shim_path);
+  if (shim_path.empty()) std::printf("RMM rows skipped: no RMM shim given (bench/rmm_shim builds one where RMM is installed)\n");
+  auto factories = all_allocators(rmm.get());
+
+  std::ofstream json;
+  if (!json_path.empty()) json.open(json_path);
+  json << "{\"device\":\"" << prop.name << "\",\"rmm\":\"" << (rmm ? rmm->version() : "absent") << "\"";
+
+  // 1. Pair latency.
+  const std::vector<std::size_t> pair_sizes = {256, 4096, 65536, 1 << 20, 16 << 20, 256 << 20, std::size_t{1} << 30};
+  std::vector<std::vector<double>> pair_ns(factories.size());
+  std::vector<std::string> names;
+  for (std::size_t k = 0; k < factories.size(); ++k) {
+    allocator a = factories[k]();
+    names.push_back(a.name);
+    for (std::size_t bytes : pair_sizes) pair_ns[k].push_back(pair_latency(a, bytes, quick ? 0.02 : 0.1));
+    factories[k]();  // frees this one's memory before the next
+  }
+  std::printf("\n1. pair latency (allocate then free the same size), ns per pair on %s\n%-52s", prop.name, "allocator");
+  for (auto s : pair_sizes) std::printf(" %10s", size_name(s).c_str());
+  std::printf("\n");
+  for (std::size_t k = 0; k < factories.size(); ++k) {
+    std::printf("%-52s", names[k].c_str());
+    for (double ns : pair_ns[k]) std::printf(" %10.1f", ns);
+    std::printf("\n");
+  }
+  json << ",\"pair_sizes\":[";
+  for (std::size_t i = 0; i < pair_sizes.size(); ++i) json << (i ? "," : "") << pair_sizes[i];
+  json << "],\"pair_ns\":{";
+  for (std::size_t k = 0; k < factories.size(); ++k) {
+    json << (k ? "," : "") << "\"" << names[k] << "\":[";
+    for (std::size_t i = 0; i < pair_ns[k].size(); ++i) json << (i ? "," : "") << pair_ns[k][i];
+    json << "]";
+  }
+  json << "}";
+
+  // 2. Random allocations.
+  constexpr std::size_t max_live = 2000;
+  const std::size_t count = quick ? 20'000 : 200'000;
+  std::printf("\n2. random allocations: %zu operations, up to %zu live, 50/50; ns per operation (median of 3)\n%-52s %12s %14s\n",
+              count, max_live, "allocator", "uniform", "log-uniform");
+  json << ",\"random\":{";
+  for (std::size_t k = 0; k < factories.size(); ++k) {
+    const bool slow = names[k] == "cudaMalloc/cudaFree";
+    double result[2];
+    for (int dist = 0; dist < 2; ++dist) {
+      const auto ops = random_ops(slow ? count / 10 : count, max_live, dist == 1, 42 + dist);
+      std::vector<double> runs;
+      for (int r = 0; r < (slow ? 1 : 3); ++r) {
+        allocator a = factories[k]();
+        runs.push_back(run_random(a, ops, max_live));
+      }
+      result[dist] = median(runs);
+    }
+    factories[k]();
+    std::printf("%-52s %12.1f %14.1f%s\n", names[k].c_str(), result[0], result[1], slow ? "   (a tenth of the operations)" : "");
+    json << (k ? "," : "") << "\"" << names[k] << "\":{\"uniform\":" << result[0] << ",\"log_uniform\":" << result[1] << "}";
+  }
+  json << "}";
+
+  // 5. Replay on device memory.
+  if (!trace_path.empty()) {
+    const auto events = strata::bench::read_trace(trace_path);
+    std::vector<strata::bench::replay_result> results;
+    for (std::size_t k = 0; k < factories.size(); ++k) {
+      if (names[k] == "cudaMalloc/cudaFree" && quick) continue;
+      allocator a = factories[k]();
+      struct adapter {
+        allocator* a;
+        void* allocate(std::size_t n, std::size_t) { return a->allocate(n); }
+        void deallocate(void* p, std::size_t n, std::size_t) { a->free(p, n); }
+      } stack{&a};
+      results.push_back(strata::bench::replay_with(names[k], stack, a.reserved, events));
+      factories[k]();
+    }
+    strata::bench::print_table(trace_path + " on device memory (peak reserved: bytes held from the device)", results);
+    json << ",\"replay\":{\"trace\":\"" << trace_path << "\",\"results\":[";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      json << (i ? "," : "") << "{\"stack\":\"" << r.stack << "\",\"ns_per_op\":" << r.ns_per_op << ",\"peak_live\":" << r.peak_live
+           << ",\"peak_reserved\":" << r.peak_reserved << ",\"ratio\":" << r.ratio() << ",\"failed\":" << (r.failed ? "true" : "false") << "}";
+    }
+    json << "]}";
+  }
+  json << "}\n";
+  return 0;
+}
