@@ -182,7 +182,7 @@ private:
 
   bool cacheable(std::size_t bytes, std::size_t alignment) const noexcept
   {
-    return bytes != 0 && bytes <= opts_.max_block && alignment <= default_alignment && std::has_single_bit(alignment);
+    return bytes != 0 && bytes <= opts_.max_block && alignment <= default_alignment && is_power_of_two(alignment);
   }
   std::size_t capacity(std::size_t c) const noexcept
   {

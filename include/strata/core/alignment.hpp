@@ -11,7 +11,8 @@ namespace strata {
 /// Every pointer strata hands out is aligned to at least this (what cudaMalloc promises).
 inline constexpr std::size_t default_alignment = 256;
 
-constexpr bool is_power_of_two(std::size_t x) noexcept { return std::has_single_bit(x); }
+// The bit trick rather than std::has_single_bit: without -mpopcnt the latter is a libgcc call on every allocate.
+constexpr bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
 
 /// Rounds n up to a multiple of the power of two a. Callers guarantee no overflow (see checked_align_up).
 constexpr std::size_t align_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) & ~(a - 1); }
@@ -33,15 +34,23 @@ constexpr std::size_t effective_alignment(std::size_t alignment) noexcept
   return alignment < default_alignment ? default_alignment : alignment;
 }
 
-/// Throws std::invalid_argument naming the box unless `alignment` is a power of two no larger than `largest`.
-inline void check_alignment(std::string_view box, std::size_t alignment, std::size_t largest)
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_bad_alignment(std::string_view box, std::size_t alignment, std::size_t largest)
 {
   if (!is_power_of_two(alignment))
-    throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) +
-                                " is not a power of two");
-  if (alignment > largest)
-    throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) +
-                                " is larger than the " + std::to_string(largest) + " bytes this box can honour");
+    throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) + " is not a power of two");
+  throw std::invalid_argument(std::string(box) + ": alignment " + std::to_string(alignment) + " is larger than the " +
+                              std::to_string(largest) + " bytes this box can honour");
+}
+} // namespace detail
+
+/// Throws std::invalid_argument naming the box unless `alignment` is a power of two no larger than `largest`.
+/// The check is inline and the throw out of line: every allocate pays two comparisons.
+inline void check_alignment(std::string_view box, std::size_t alignment, std::size_t largest)
+{
+  if (is_power_of_two(alignment) && alignment <= largest) [[likely]]
+    return;
+  detail::throw_bad_alignment(box, alignment, largest);
 }
 
 /// align_up that reports overflow instead of wrapping: a request near SIZE_MAX must fail cleanly.

@@ -48,7 +48,10 @@ public:
   bool contains(const void* key) const noexcept { return find(key) != nullptr; }
 
   /// Removes the key; false if it was not there.
-  bool erase(const void* key) noexcept
+  bool erase(const void* key) noexcept { return take(key, nullptr); }
+
+  /// Removes the key and moves its value to *out (when out is not null), in one probe; false if absent.
+  bool take(const void* key, Value* out) noexcept
   {
     const auto k = to_key(key);
     std::size_t i = home(k);
@@ -56,6 +59,7 @@ public:
       if (slots_[i].key == k) break;
       if (slots_[i].key == empty_key) return false;
     }
+    if (out != nullptr) *out = std::move(slots_[i].value);
     // Backward-shift deletion: pull later entries of the probe run into the hole so no tombstones pile up.
     for (std::size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
       if (slots_[j].key == empty_key) break;

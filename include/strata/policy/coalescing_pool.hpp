@@ -89,10 +89,8 @@ public:
   void deallocate(void* p, std::size_t, std::size_t = default_alignment) noexcept
   {
     if (p == nullptr) return;
-    block** found = used_.find(p);
-    if (found == nullptr) return;  // not ours: undefined by the rules; checked<> reports it
-    block* b = *found;
-    used_.erase(p);
+    block* b = nullptr;
+    if (!used_.take(p, &b)) return;  // not ours: undefined by the rules; checked<> reports it
     in_use_ -= b->size;
     b->free = true;
     if (b->next != nullptr && b->next->free) {

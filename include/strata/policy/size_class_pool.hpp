@@ -75,7 +75,7 @@ public:
       check_alignment("size_class_pool", alignment, opts_.chunk_size);
       return nullptr;
     }
-    if (bytes <= LargestClass && alignment <= default_alignment && alignment != 0 && std::has_single_bit(alignment)) {
+    if (bytes <= LargestClass && alignment <= default_alignment && is_power_of_two(alignment)) {
       const std::size_t c = detail::class_index(bytes);
       auto& list = free_[c];
       if (list.empty()) refill(c, bytes);
