@@ -295,6 +295,9 @@ std::string size_name(std::size_t n)
 int main(int argc, char** argv)
 {
   std::string json_path, trace_path, shim_path;
+#ifdef STRATA_RMM_SHIM_PATH
+  shim_path = STRATA_RMM_SHIM_PATH;  // found by CMake at configure time; --rmm-shim overrides it
+#endif
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];

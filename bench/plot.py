@@ -17,7 +17,7 @@ peers, threads, streams, pm, replay = (load(n) for n in ("peers.json", "threads.
 lines = []
 say = lines.append
 device = open(os.path.join(out, "device.txt")).read().strip() if os.path.exists(os.path.join(out, "device.txt")) else "?"
-commit = open(os.path.join(out, "commit.txt")).read().strip() if os.path.exists(os.path.join(out, "commit.txt")) else "?"
+commit = os.environ.get("STRATA_COMMIT") or (open(os.path.join(out, "commit.txt")).read().strip() if os.path.exists(os.path.join(out, "commit.txt")) else "?")
 say(f"Device: {device}; commit {commit}\n")
 
 
@@ -102,10 +102,10 @@ if streams:
     say("|---|---:|")
     for k, v in streams["pair_latency_1MiB_ns"].items():
         say(f"| {k} | {v:.1f} |")
-    say("\n| allocator | streams | total ms | alloc ns/pair |")
-    say("|---|---:|---:|---:|")
+    say("\n| allocator | streams | total ms | host enqueue ms | alloc ns/pair |")
+    say("|---|---:|---:|---:|---:|")
     for r in streams["pipeline"]:
-        say(f"| {r['allocator']} | {r['streams']} | {r['total_ms']:.2f} | {r['alloc_ns_per_pair']:.1f} |")
+        say(f"| {r['allocator']} | {r['streams']} | {r['total_ms']:.2f} | {r.get('enqueue_ms', 0):.2f} | {r['alloc_ns_per_pair']:.1f} |")
     say("")
 if pm:
     say("### Pinned and managed memory\n")

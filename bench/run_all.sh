@@ -11,7 +11,7 @@ shim=${STRATA_RMM_SHIM:-build-rmm/libstrata_rmm_shim.so}
 shim_args=()
 [ -f "$shim" ] && shim_args=(--rmm-shim "$shim")
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/device.txt" 2>/dev/null || echo "no GPU" > "$out/device.txt"
-git rev-parse --short HEAD > "$out/commit.txt" 2>/dev/null || true
+echo "${STRATA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" > "$out/commit.txt"
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/bench.log" | tail -n 40; }
 run "$build/bench/peers" --json "$out/peers.json" --trace "$trace" "${shim_args[@]}"
 run "$build/bench/streams" --json "$out/streams.json"
@@ -19,3 +19,5 @@ run "$build/bench/threads" --json "$out/threads.json"
 run "$build/bench/pinned_managed" --json "$out/pinned_managed.json"
 run "$build/bench/replay" "$trace" --json "$out/replay.json"
 python3 "$(dirname "$0")/plot.py" "$out"
+# summary.md and the plots stay in sight; the raw JSON, logs and notes go into one archive.
+( cd "$out" && tar czf results.tar.gz ./*.json ./*.txt ./*.log && rm -f ./*.json ./*.txt ./*.log )
