@@ -33,6 +33,7 @@
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/async_source.hpp>
 #include <strata/source/device_source.hpp>
+#include "bench_common.hpp"
 #include "replay_driver.hpp"
 
 namespace {
@@ -40,13 +41,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using counted_device = strata::statistics<strata::device_source>;  // its current bytes: what a stack reserved
 
-void check(cudaError_t status, const char* what)
-{
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using strata::bench::check;
+using strata::bench::median;
 
 /// One allocator as the benchmark drives it. `reserved` says how many bytes it holds from the device.
 struct allocator {
@@ -205,12 +201,6 @@ std::vector<factory> all_allocators(rmm_shim* rmm)
   return f;
 }
 
-double median(std::vector<double> v)
-{
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// Allocate then free `bytes`, repeated for about `budget` seconds (at least 3 pairs); ns per pair.
 double pair_latency(allocator& a, std::size_t bytes, double budget)
 {
@@ -294,22 +284,15 @@ std::string size_name(std::size_t n)
 
 int main(int argc, char** argv)
 {
-  std::string json_path, trace_path, shim_path;
+  std::string shim_default;
 #ifdef STRATA_RMM_SHIM_PATH
-  shim_path = STRATA_RMM_SHIM_PATH;  // found by CMake at configure time; --rmm-shim overrides it
+  shim_default = STRATA_RMM_SHIM_PATH;  // found by CMake at configure time; --rmm-shim overrides it
 #endif
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) trace_path = argv[++i];
-    else if (std::strcmp(argv[i], "--rmm-shim") == 0 && i + 1 < argc) shim_path = argv[++i];
-    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("peers: no GPU here, nothing to measure (bench/replay plans traces on simulated memory)\n");
-    return 0;
-  }
+  const std::string json_path = strata::bench::option(argc, argv, "--json");
+  const std::string trace_path = strata::bench::option(argc, argv, "--trace");
+  const std::string shim_path = strata::bench::option(argc, argv, "--rmm-shim", shim_default);
+  const bool quick = strata::bench::flag(argc, argv, "--quick");
+  if (!strata::bench::gpu_present("peers")) return 0;  // bench/replay plans traces on simulated memory
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   std::unique_ptr<rmm_shim> rmm = shim_path.empty() ? nullptr : rmm_shim::load(shim_path);

@@ -15,18 +15,13 @@
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/managed_source.hpp>
 #include <strata/source/pinned_source.hpp>
+#include "bench_common.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-void check(cudaError_t status, const char* what)
-{
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using strata::bench::check;
 
 __global__ void scale_kernel(float* p, std::size_t n)
 {
@@ -68,17 +63,9 @@ struct row {
 
 int main(int argc, char** argv)
 {
-  std::string json_path;
-  std::size_t gib = 4;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--gib") == 0 && i + 1 < argc) gib = std::stoul(argv[++i]);
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("pinned_managed: no GPU here, nothing to measure\n");
-    return 0;
-  }
+  const std::string json_path = strata::bench::option(argc, argv, "--json");
+  const std::size_t gib = std::stoul(strata::bench::option(argc, argv, "--gib", "4"));
+  if (!strata::bench::gpu_present("pinned_managed")) return 0;
   std::size_t free_bytes = 0, total = 0;
   check(cudaMemGetInfo(&free_bytes, &total), "meminfo");
   const std::size_t bytes = std::min(gib << 30, free_bytes / 4);  // managed memory well below what is free

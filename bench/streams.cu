@@ -19,18 +19,14 @@
 #include <strata/source/async_source.hpp>
 #include <strata/source/device_source.hpp>
 #include <strata/stream/stream_ordered.hpp>
+#include "bench_common.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-void check(cudaError_t status, const char* what)
-{
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using strata::bench::check;
+using strata::bench::median;
 
 __global__ void work_kernel(unsigned* p, std::size_t words, unsigned long long spin_ns)
 {
@@ -128,27 +124,13 @@ double stream_id_ns(cudaStream_t s)
   return sum == 0 ? -ns : ns;
 }
 
-double median(std::vector<double> v)
-{
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 } // namespace
 
 int main(int argc, char** argv)
 {
-  std::string json_path;
-  std::size_t launches_per_stream = 2000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--launches") == 0 && i + 1 < argc) launches_per_stream = std::stoul(argv[++i]);
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("streams: no GPU here, nothing to measure\n");
-    return 0;
-  }
+  const std::string json_path = strata::bench::option(argc, argv, "--json");
+  const std::size_t launches_per_stream = std::stoul(strata::bench::option(argc, argv, "--launches", "2000"));
+  if (!strata::bench::gpu_present("streams")) return 0;
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
 

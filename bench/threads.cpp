@@ -21,6 +21,7 @@
 #include <strata/source/async_source.hpp>
 #include <strata/source/device_source.hpp>
 #include <strata/source/host_source.hpp>
+#include "bench_common.hpp"
 
 namespace {
 
@@ -100,12 +101,8 @@ void measure_strata(const std::string& source_name, Source source, std::size_t o
 
 int main(int argc, char** argv)
 {
-  std::string json_path;
-  std::size_t ops = 200'000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::stoul(argv[++i]);
-  }
+  const std::string json_path = strata::bench::option(argc, argv, "--json");
+  const std::size_t ops = std::stoul(strata::bench::option(argc, argv, "--ops", "200000"));
   int devices = 0;
   const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
   std::vector<result> results;

@@ -21,7 +21,9 @@ namespace strata {
 /// secondary's when it serves; a relaxed atomic increment per allocation. Unsynchronized (as its tiers).
 template <resource Primary, resource Secondary>
 class fallback : public forward_common_properties<fallback<Primary, Secondary>, Primary, Secondary>,
-                 public sync_names<fallback<Primary, Secondary>> {
+                 public sync_names<fallback<Primary, Secondary>>,
+                 public stream_first_names<fallback<Primary, Secondary>, stream_resource<Primary> && stream_resource<Secondary>> {
+  using names = stream_first_names<fallback<Primary, Secondary>, stream_resource<Primary> && stream_resource<Secondary>>;
   static_assert(owning_resource<Primary>,
                 "fallback<Primary, Secondary>: the primary must have `bool owns(const void*) const noexcept` so "
                 "that frees can be routed to the tier that made them (coalescing_pool, size_class_pool, "
@@ -29,6 +31,9 @@ class fallback : public forward_common_properties<fallback<Primary, Secondary>, 
   static constexpr bool stream_ordered = stream_resource<Primary> && stream_resource<Secondary>;
 
 public:
+  using names::allocate;
+  using names::deallocate;
+
   fallback(Primary primary, Secondary secondary) : primary_(std::move(primary)), secondary_(std::move(secondary)) {}
   fallback(fallback&& other) noexcept
       : primary_(std::move(other.primary_)), secondary_(std::move(other.secondary_)),
@@ -59,16 +64,6 @@ public:
     if (p == nullptr) return;
     if (primary_.owns(p)) primary_.deallocate_async(p, bytes, alignment, stream);
     else secondary_.deallocate_async(p, bytes, alignment, stream);
-  }
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires stream_ordered
-  {
-    return allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
-    requires stream_ordered
-  {
-    deallocate_async(p, bytes, alignment, stream);
   }
 
   bool owns(const void* p) const noexcept

@@ -16,11 +16,16 @@ namespace strata {
 /// Models: resource; stream_resource, owning, sized when both are; the properties both share.
 /// Cost: one comparison, then the chosen box's. Unsynchronized (as its boxes).
 template <std::size_t Threshold, resource Small, resource Large>
-class segregator : public forward_common_properties<segregator<Threshold, Small, Large>, Small, Large>,
-                   public sync_names<segregator<Threshold, Small, Large>> {
+class segregator
+    : public forward_common_properties<segregator<Threshold, Small, Large>, Small, Large>,
+      public sync_names<segregator<Threshold, Small, Large>>,
+      public stream_first_names<segregator<Threshold, Small, Large>, stream_resource<Small> && stream_resource<Large>> {
   static constexpr bool stream_ordered = stream_resource<Small> && stream_resource<Large>;
+  using names = stream_first_names<segregator<Threshold, Small, Large>, stream_ordered>;
 
 public:
+  using names::allocate;
+  using names::deallocate;
   static constexpr std::size_t threshold = Threshold;
 
   segregator(Small small = Small{}, Large large = Large{}) : small_(std::move(small)), large_(std::move(large)) {}
@@ -46,16 +51,6 @@ public:
   {
     if (bytes <= Threshold) small_.deallocate_async(p, bytes, alignment, stream);
     else large_.deallocate_async(p, bytes, alignment, stream);
-  }
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires stream_ordered
-  {
-    return allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
-    requires stream_ordered
-  {
-    deallocate_async(p, bytes, alignment, stream);
   }
 
   bool owns(const void* p) const noexcept

@@ -22,20 +22,31 @@ public:
   }
 };
 
-/// Stream-ordered boxes add the stream-first overloads; they must say `using stream_names<D>::allocate;`
-/// (and deallocate) so that their own synchronous allocate does not hide these.
-template <class Derived>
-class stream_names : public sync_names<Derived> {
+/// The stream-first overloads alone, present when Enabled (a box that is stream-ordered only when its
+/// upstreams are). Derived must say `using stream_first_names<D, E>::allocate;` (and deallocate) so that its
+/// own synchronous allocate does not hide these.
+template <class Derived, bool Enabled = true>
+class stream_first_names {
 public:
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
+    requires Enabled
   {
     return static_cast<Derived&>(*this).allocate_async(bytes, alignment, stream);
   }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes,
-                  std::size_t alignment = default_alignment) noexcept
+  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
+    requires Enabled
   {
     static_cast<Derived&>(*this).deallocate_async(p, bytes, alignment, stream);
   }
+};
+
+/// Stream-ordered boxes have both generations of names; they must say `using stream_names<D>::allocate;`
+/// (and deallocate) so that their own synchronous allocate does not hide the stream-first ones.
+template <class Derived>
+class stream_names : public sync_names<Derived>, public stream_first_names<Derived> {
+public:
+  using stream_first_names<Derived>::allocate;
+  using stream_first_names<Derived>::deallocate;
 };
 
 /// True when R answers to the CCCL 3.1+ synchronous names.

@@ -13,18 +13,12 @@
 namespace strata::detail {
 
 template <class Derived, class Upstream>
-class adaptor_base : public forward_properties<Derived, Upstream>, public sync_names<Derived> {
+class adaptor_base : public forward_properties<Derived, Upstream>,
+                     public sync_names<Derived>,
+                     public stream_first_names<Derived, stream_resource<Upstream>> {
 public:
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires stream_resource<Upstream>
-  {
-    return self().allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
-    requires stream_resource<Upstream>
-  {
-    self().deallocate_async(p, bytes, alignment, stream);
-  }
+  using stream_first_names<Derived, stream_resource<Upstream>>::allocate;
+  using stream_first_names<Derived, stream_resource<Upstream>>::deallocate;
 
   bool owns(const void* p) const noexcept
     requires owning_resource<Upstream>

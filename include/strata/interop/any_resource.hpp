@@ -47,8 +47,12 @@ inline constexpr any_vtable<Stream> vtable_for{
 /// The owning, type-erased box behind any_resource and any_stream_resource.
 template <bool Stream, class... Properties>
 class basic_any_resource : public declares_property<basic_any_resource<Stream, Properties...>, Properties>...,
-                           public sync_names<basic_any_resource<Stream, Properties...>> {
+                           public sync_names<basic_any_resource<Stream, Properties...>>,
+                           public stream_first_names<basic_any_resource<Stream, Properties...>, Stream> {
 public:
+  using stream_first_names<basic_any_resource, Stream>::allocate;
+  using stream_first_names<basic_any_resource, Stream>::deallocate;
+
   /// Takes any strata box with at least these properties (moved in; held on the heap).
   template <class R>
     requires(!std::same_as<std::remove_cvref_t<R>, basic_any_resource> && resource<std::remove_cvref_t<R>> &&
@@ -88,16 +92,6 @@ public:
     requires Stream
   {
     vtable_->deallocate_async(object_, p, bytes, alignment, stream);
-  }
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires Stream
-  {
-    return allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
-    requires Stream
-  {
-    deallocate_async(p, bytes, alignment, stream);
   }
 
   /// The held box, if it is an R (nullptr otherwise): to reach its own interface (usage(), release()...).
