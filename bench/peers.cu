@@ -44,183 +44,9 @@ using counted_device = strata::statistics<strata::device_source>;  // its curren
 using strata::bench::check;
 using strata::bench::median;
 
-/// One allocator as the benchmark drives it. `reserved` says how many bytes it holds from the device.
-struct allocator {
-  std::string name;
-  bool is_strata = false;
-  std::function<void*(std::size_t)> allocate;
-  std::function<void(void*, std::size_t)> free;
-  std::function<std::size_t()> reserved;
-};
-
-/// Makes a fresh allocator each time it is called (each measurement starts from an empty pool), and keeps it
-/// alive until the next call.
-using factory = std::function<allocator()>;
-
-// ---- Thrust's disjoint pool over a counting CUDA resource --------------------------------------------------
-class counting_cuda_resource final : public thrust::mr::memory_resource<thrust::cuda::pointer<void>> {
-public:
-  pointer do_allocate(std::size_t bytes, std::size_t alignment) override
-  {
-    auto p = inner_.do_allocate(bytes, alignment);
-    held_ += bytes;
-    return p;
-  }
-  void do_deallocate(pointer p, std::size_t bytes, std::size_t alignment) override
-  {
-    inner_.do_deallocate(p, bytes, alignment);
-    held_ -= bytes;
-  }
-  std::size_t held() const { return held_; }
-
-private:
-  thrust::system::cuda::memory_resource inner_;
-  std::size_t held_ = 0;
-};
-using thrust_pool = thrust::mr::disjoint_unsynchronized_pool_resource<counting_cuda_resource, thrust::mr::new_delete_resource>;
-
-// ---- RMM through the shim (its own CCCL version lives in its own shared library) ---------------------------
-struct rmm_shim {
-  void* (*create)(const char* kind) = nullptr;
-  void* (*allocate)(void* mr, std::size_t bytes) = nullptr;
-  void (*deallocate)(void* mr, void* p, std::size_t bytes) = nullptr;
-  std::size_t (*reserved)(void* mr) = nullptr;
-  void (*destroy)(void* mr) = nullptr;
-  const char* (*version)() = nullptr;
-
-  static std::unique_ptr<rmm_shim> load(const std::string& path)
-  {
-    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      std::printf("RMM rows skipped: %s\n", ::dlerror());
-      return nullptr;
-    }
-    auto shim = std::make_unique<rmm_shim>();
-    shim->create = reinterpret_cast<decltype(create)>(::dlsym(lib, "strata_rmm_create"));
-    shim->allocate = reinterpret_cast<decltype(allocate)>(::dlsym(lib, "strata_rmm_allocate"));
-    shim->deallocate = reinterpret_cast<decltype(deallocate)>(::dlsym(lib, "strata_rmm_deallocate"));
-    shim->reserved = reinterpret_cast<decltype(reserved)>(::dlsym(lib, "strata_rmm_reserved"));
-    shim->destroy = reinterpret_cast<decltype(destroy)>(::dlsym(lib, "strata_rmm_destroy"));
-    shim->version = reinterpret_cast<decltype(version)>(::dlsym(lib, "strata_rmm_version"));
-    if (!shim->create || !shim->allocate || !shim->deallocate || !shim->reserved || !shim->destroy || !shim->version) {
-      std::printf("RMM rows skipped: %s lacks the shim's functions\n", path.c_str());
-      return nullptr;
-    }
-    return shim;
-  }
-};
-
-template <class Stack>
-factory strata_stack(std::string name, std::function<std::unique_ptr<Stack>(counted_device&)> make)
-{
-  return [name, make, upstream = std::make_shared<std::unique_ptr<counted_device>>(), keep = std::make_shared<std::unique_ptr<Stack>>()] {
-    keep->reset();  // the previous stack goes first: it returns its memory to the previous counter
-    *upstream = std::make_unique<counted_device>();
-    *keep = make(**upstream);
-    Stack* s = keep->get();
-    counted_device* u = upstream->get();
-    return allocator{name, true, [s](std::size_t n) { return s->allocate(n, 256); }, [s](void* p, std::size_t n) { s->deallocate(p, n, 256); },
-                     [u] { return u->snapshot_counts().current_bytes; }};
-  };
-}
-
-std::vector<factory> all_allocators(rmm_shim* rmm)
-{
-  using ref_t = strata::ref<counted_device>;
-  std::vector<factory> f;
-  f.push_back(strata_stack<strata::size_class_pool<ref_t>>("strata size_class_pool", [](counted_device& u) {
-    return std::make_unique<strata::size_class_pool<ref_t>>(ref_t(u));
-  }));
-  f.push_back(strata_stack<strata::coalescing_pool<ref_t>>("strata coalescing_pool", [](counted_device& u) {
-    return std::make_unique<strata::coalescing_pool<ref_t>>(ref_t(u));
-  }));
-  f.push_back(strata_stack<strata::buddy_pool<ref_t>>("strata buddy_pool", [](counted_device& u) {
-    return std::make_unique<strata::buddy_pool<ref_t>>(ref_t(u));
-  }));
-  using seg = strata::segregator<std::size_t{1} << 20, strata::size_class_pool<ref_t>, strata::coalescing_pool<ref_t>>;
-  f.push_back(strata_stack<seg>("strata segregator<1 MiB, size_class, coalescing>", [](counted_device& u) {
-    return std::make_unique<seg>(strata::size_class_pool<ref_t>(ref_t(u)), strata::coalescing_pool<ref_t>(ref_t(u)));
-  }));
-  f.push_back([keep = std::make_shared<std::unique_ptr<strata::async_source>>()] {
-    keep->reset();
-    *keep = std::make_unique<strata::async_source>();
-    strata::async_source* a = keep->get();
-    return allocator{"cudaMallocAsync (pool, threshold max)", false,
-                     [a](std::size_t n) { return a->allocate_async(n, 256, cuda::stream_ref{cudaStreamLegacy}); },
-                     [a](void* p, std::size_t n) { a->deallocate_async(p, n, 256, cuda::stream_ref{cudaStreamLegacy}); },
-                     [a] { return static_cast<std::size_t>(a->reserved_bytes()); }};
-  });
-  f.push_back([keep = std::make_shared<std::unique_ptr<cub::CachingDeviceAllocator>>()] {
-    keep->reset();
-    *keep = std::make_unique<cub::CachingDeviceAllocator>();
-    cub::CachingDeviceAllocator* c = keep->get();
-    return allocator{"cub::CachingDeviceAllocator (defaults)", false,
-                     [c](std::size_t n) {
-                       void* p = nullptr;
-                       check(c->DeviceAllocate(&p, n), "cub allocate");
-                       return p;
-                     },
-                     [c](void* p, std::size_t) { check(c->DeviceFree(p), "cub free"); },
-                     [c] {
-                       const auto& b = c->cached_bytes[0];
-                       return b.free + b.live;
-                     }};
-  });
-  f.push_back([keep = std::make_shared<std::pair<std::unique_ptr<counting_cuda_resource>, std::unique_ptr<thrust_pool>>>()] {
-    keep->second.reset();
-    keep->first = std::make_unique<counting_cuda_resource>();
-    static thrust::mr::new_delete_resource bookkeeper;
-    keep->second = std::make_unique<thrust_pool>(keep->first.get(), &bookkeeper);
-    thrust_pool* t = keep->second.get();
-    counting_cuda_resource* up = keep->first.get();
-    return allocator{"thrust disjoint_unsynchronized_pool", false,
-                     [t](std::size_t n) { return thrust::raw_pointer_cast(t->do_allocate(n, 256)); },
-                     [t](void* p, std::size_t n) { t->do_deallocate(thrust::cuda::pointer<void>(p), n, 256); },
-                     [up] { return up->held(); }};
-  });
-  if (rmm != nullptr) {
-    for (const char* kind : {"pool", "arena"}) {
-      f.push_back([rmm, kind, keep = std::make_shared<void*>(nullptr)] {
-        if (*keep != nullptr) rmm->destroy(*keep);
-        *keep = rmm->create(kind);
-        void* mr = *keep;
-        return allocator{std::string("rmm ") + kind + "_memory_resource", false, [rmm, mr](std::size_t n) { return rmm->allocate(mr, n); },
-                         [rmm, mr](void* p, std::size_t n) { rmm->deallocate(mr, p, n); }, [rmm, mr] { return rmm->reserved(mr); }};
-      });
-    }
-  }
-  f.push_back([] {
-    return allocator{"cudaMalloc/cudaFree", false,
-                     [](std::size_t n) {
-                       void* p = nullptr;
-                       check(cudaMalloc(&p, n), "cudaMalloc");
-                       return p;
-                     },
-                     [](void* p, std::size_t) { check(cudaFree(p), "cudaFree"); }, [] { return std::size_t{0}; }};
-  });
-  return f;
-}
-
-/// Allocate then free `bytes`, repeated for about `budget` seconds (at least 3 pairs); ns per pair.
-double pair_latency(allocator& a, std::size_t bytes, double budget)
-{
-  for (int i = 0; i < 3; ++i) a.free(a.allocate(bytes), bytes);  // warm: pools hold the block now
-  check(cudaDeviceSynchronize(), "sync");
-  std::size_t pairs = 0;
-  const auto t0 = clock_type::now();
-  double elapsed = 0;
-  while (pairs < 3 || elapsed < budget) {
-    for (int i = 0; i < 64; ++i) a.free(a.allocate(bytes), bytes);
-    pairs += 64;
-    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
-    if (pairs >= 4'000'000) break;
-  }
-  return elapsed * 1e9 / static_cast<double>(pairs);
-}
-
 struct op {
   bool allocate;
-  std::size_t slot;   // which live slot it fills or empties
+  std::size_t slot;  // which live slot it fills or empties
   std::size_t bytes;
 };
 
@@ -255,21 +81,220 @@ std::vector<op> random_ops(std::size_t count, std::size_t max_live, bool log_uni
   return ops;
 }
 
+/// Allocate then free `bytes`, repeated for about `budget` seconds (at least 3 pairs); ns per pair. A template
+/// over the concrete allocator: the timed loop calls it directly, with no indirection of the harness's own.
+template <class S>
+double pair_latency(S& a, std::size_t bytes, double budget)
+{
+  for (int i = 0; i < 3; ++i) a.deallocate(a.allocate(bytes, 256), bytes, 256);  // warm: pools hold the block now
+  check(cudaDeviceSynchronize(), "sync");
+  std::size_t pairs = 0;
+  const auto t0 = clock_type::now();
+  double elapsed = 0;
+  while (pairs < 3 || elapsed < budget) {
+    for (int i = 0; i < 64; ++i) a.deallocate(a.allocate(bytes, 256), bytes, 256);
+    pairs += 64;
+    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+    if (pairs >= 8'000'000) break;
+  }
+  return elapsed * 1e9 / static_cast<double>(pairs);
+}
+
 /// ns per operation over the sequence (the cleanup of what is still live is not timed).
-double run_random(allocator& a, const std::vector<op>& ops, std::size_t max_live)
+template <class S>
+double run_random(S& a, const std::vector<op>& ops, std::size_t max_live)
 {
   std::vector<std::pair<void*, std::size_t>> slots(max_live, {nullptr, 0});
   check(cudaDeviceSynchronize(), "sync");
   const auto t0 = clock_type::now();
   for (const op& o : ops) {
-    if (o.allocate) slots[o.slot] = {a.allocate(o.bytes), o.bytes};
-    else a.free(slots[o.slot].first, slots[o.slot].second), slots[o.slot].first = nullptr;
+    if (o.allocate) {
+      slots[o.slot] = {a.allocate(o.bytes, 256), o.bytes};
+    } else {
+      a.deallocate(slots[o.slot].first, slots[o.slot].second, 256);
+      slots[o.slot].first = nullptr;
+    }
   }
   const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / static_cast<double>(ops.size());
   for (auto [p, n] : slots)
-    if (p != nullptr) a.free(p, n);
+    if (p != nullptr) a.deallocate(p, n, 256);
   check(cudaDeviceSynchronize(), "sync");
   return ns;
+}
+
+/// One allocator as the benchmark drives it: its measurements, bound to the concrete type, and how many bytes
+/// it holds from the device (`reserved`).
+struct allocator {
+  std::string name;
+  std::function<double(std::size_t, double)> pair;
+  std::function<double(const std::vector<op>&, std::size_t)> random;
+  std::function<strata::bench::replay_result(const std::vector<strata::bench::trace_event>&)> replay;
+};
+
+template <class S>
+allocator measured(std::string name, S* s, std::function<std::size_t()> reserved)
+{
+  return {name, [s](std::size_t bytes, double budget) { return pair_latency(*s, bytes, budget); },
+          [s](const std::vector<op>& ops, std::size_t max_live) { return run_random(*s, ops, max_live); },
+          [name, s, reserved](const std::vector<strata::bench::trace_event>& events) {
+            return strata::bench::replay_with(name, *s, reserved, events);
+          }};
+}
+
+/// Makes a fresh allocator each time it is called (each measurement starts from an empty pool), and keeps it
+/// alive until the next call.
+using factory = std::function<allocator()>;
+
+// ---- The peers, each behind allocate(bytes, alignment) / deallocate(p, bytes, alignment) ---------------------
+class counting_cuda_resource final : public thrust::mr::memory_resource<thrust::cuda::pointer<void>> {
+public:
+  pointer do_allocate(std::size_t bytes, std::size_t alignment) override
+  {
+    auto p = inner_.do_allocate(bytes, alignment);
+    held_ += bytes;
+    return p;
+  }
+  void do_deallocate(pointer p, std::size_t bytes, std::size_t alignment) override
+  {
+    inner_.do_deallocate(p, bytes, alignment);
+    held_ -= bytes;
+  }
+  std::size_t held() const { return held_; }
+
+private:
+  thrust::system::cuda::memory_resource inner_;
+  std::size_t held_ = 0;
+};
+
+/// Thrust's disjoint pool over its CUDA memory resource (counted, for peak reserved).
+struct thrust_peer {
+  counting_cuda_resource upstream;
+  thrust::mr::new_delete_resource bookkeeper;
+  thrust::mr::disjoint_unsynchronized_pool_resource<counting_cuda_resource, thrust::mr::new_delete_resource> pool{&upstream, &bookkeeper};
+  void* allocate(std::size_t n, std::size_t a) { return thrust::raw_pointer_cast(pool.do_allocate(n, a)); }
+  void deallocate(void* p, std::size_t n, std::size_t a) { pool.do_deallocate(thrust::cuda::pointer<void>(p), n, a); }
+};
+
+struct cub_peer {
+  cub::CachingDeviceAllocator cub;  // defaults: what users get
+  void* allocate(std::size_t n, std::size_t)
+  {
+    void* p = nullptr;
+    check(cub.DeviceAllocate(&p, n), "cub allocate");
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) { check(cub.DeviceFree(p), "cub free"); }
+  std::size_t reserved() const { return cub.cached_bytes.count(0) ? cub.cached_bytes.at(0).free + cub.cached_bytes.at(0).live : 0; }
+};
+
+struct async_peer {
+  strata::async_source source;  // its own pool, release threshold at the maximum
+  void* allocate(std::size_t n, std::size_t a) { return source.allocate_async(n, a, cuda::stream_ref{cudaStreamLegacy}); }
+  void deallocate(void* p, std::size_t n, std::size_t a) { source.deallocate_async(p, n, a, cuda::stream_ref{cudaStreamLegacy}); }
+};
+
+struct cuda_malloc_peer {
+  void* allocate(std::size_t n, std::size_t)
+  {
+    void* p = nullptr;
+    check(cudaMalloc(&p, n), "cudaMalloc");
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) { check(cudaFree(p), "cudaFree"); }
+};
+
+// ---- RMM through the shim (its own CCCL version lives in its own shared library) ---------------------------
+struct rmm_shim {
+  void* (*create)(const char* kind) = nullptr;
+  void* (*allocate)(void* mr, std::size_t bytes) = nullptr;
+  void (*deallocate)(void* mr, void* p, std::size_t bytes) = nullptr;
+  std::size_t (*reserved)(void* mr) = nullptr;
+  void (*destroy)(void* mr) = nullptr;
+  const char* (*version)() = nullptr;
+
+  static std::unique_ptr<rmm_shim> load(const std::string& path)
+  {
+    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      std::printf("RMM rows skipped: %s\n", ::dlerror());
+      return nullptr;
+    }
+    auto shim = std::make_unique<rmm_shim>();
+    shim->create = reinterpret_cast<decltype(create)>(::dlsym(lib, "strata_rmm_create"));
+    shim->allocate = reinterpret_cast<decltype(allocate)>(::dlsym(lib, "strata_rmm_allocate"));
+    shim->deallocate = reinterpret_cast<decltype(deallocate)>(::dlsym(lib, "strata_rmm_deallocate"));
+    shim->reserved = reinterpret_cast<decltype(reserved)>(::dlsym(lib, "strata_rmm_reserved"));
+    shim->destroy = reinterpret_cast<decltype(destroy)>(::dlsym(lib, "strata_rmm_destroy"));
+    shim->version = reinterpret_cast<decltype(version)>(::dlsym(lib, "strata_rmm_version"));
+    if (!shim->create || !shim->allocate || !shim->deallocate || !shim->reserved || !shim->destroy || !shim->version) {
+      std::printf("RMM rows skipped: %s lacks the shim's functions\n", path.c_str());
+      return nullptr;
+    }
+    return shim;
+  }
+};
+
+struct rmm_peer {
+  rmm_shim* shim;
+  void* mr;
+  rmm_peer(rmm_shim* s, const char* kind) : shim(s), mr(s->create(kind)) {}
+  rmm_peer(const rmm_peer&) = delete;
+  ~rmm_peer() { shim->destroy(mr); }
+  void* allocate(std::size_t n, std::size_t) { return shim->allocate(mr, n); }
+  void deallocate(void* p, std::size_t n, std::size_t) { shim->deallocate(mr, p, n); }
+};
+
+/// A peer made fresh for each measurement: the previous one goes first (and returns its memory).
+template <class Peer, class... Args>
+factory peer(std::string name, std::function<std::size_t(Peer&)> reserved, Args... args)
+{
+  return [=, keep = std::make_shared<std::unique_ptr<Peer>>()] {
+    keep->reset();
+    *keep = std::make_unique<Peer>(args...);
+    Peer* p = keep->get();
+    return measured(name, p, [p, reserved] { return reserved(*p); });
+  };
+}
+
+/// A strata stack over device memory counted by statistics (its current bytes are what the stack reserved).
+template <class Stack>
+factory strata_stack(std::string name, std::function<std::unique_ptr<Stack>(counted_device&)> make)
+{
+  return [name, make, upstream = std::make_shared<std::unique_ptr<counted_device>>(), keep = std::make_shared<std::unique_ptr<Stack>>()] {
+    keep->reset();
+    *upstream = std::make_unique<counted_device>();
+    *keep = make(**upstream);
+    counted_device* u = upstream->get();
+    return measured(name, keep->get(), [u] { return u->snapshot_counts().current_bytes; });
+  };
+}
+
+std::vector<factory> all_allocators(rmm_shim* rmm)
+{
+  using ref_t = strata::ref<counted_device>;
+  std::vector<factory> f;
+  f.push_back(strata_stack<strata::size_class_pool<ref_t>>("strata size_class_pool", [](counted_device& u) {
+    return std::make_unique<strata::size_class_pool<ref_t>>(ref_t(u));
+  }));
+  f.push_back(strata_stack<strata::coalescing_pool<ref_t>>("strata coalescing_pool", [](counted_device& u) {
+    return std::make_unique<strata::coalescing_pool<ref_t>>(ref_t(u));
+  }));
+  f.push_back(strata_stack<strata::buddy_pool<ref_t>>("strata buddy_pool", [](counted_device& u) {
+    return std::make_unique<strata::buddy_pool<ref_t>>(ref_t(u));
+  }));
+  using seg = strata::segregator<std::size_t{1} << 20, strata::size_class_pool<ref_t>, strata::coalescing_pool<ref_t>>;
+  f.push_back(strata_stack<seg>("strata segregator<1 MiB, size_class, coalescing>", [](counted_device& u) {
+    return std::make_unique<seg>(strata::size_class_pool<ref_t>(ref_t(u)), strata::coalescing_pool<ref_t>(ref_t(u)));
+  }));
+  f.push_back(peer<async_peer>("cudaMallocAsync (pool, threshold max)", [](async_peer& p) { return std::size_t(p.source.reserved_bytes()); }));
+  f.push_back(peer<cub_peer>("cub::CachingDeviceAllocator (defaults)", [](cub_peer& p) { return p.reserved(); }));
+  f.push_back(peer<thrust_peer>("thrust disjoint_unsynchronized_pool", [](thrust_peer& p) { return p.upstream.held(); }));
+  if (rmm != nullptr) {
+    f.push_back(peer<rmm_peer>("rmm pool_memory_resource", [](rmm_peer& p) { return p.shim->reserved(p.mr); }, rmm, "pool"));
+    f.push_back(peer<rmm_peer>("rmm arena_memory_resource", [](rmm_peer& p) { return p.shim->reserved(p.mr); }, rmm, "arena"));
+  }
+  f.push_back(peer<cuda_malloc_peer>("cudaMalloc/cudaFree", [](cuda_malloc_peer&) { return std::size_t{0}; }));
+  return f;
 }
 
 std::string size_name(std::size_t n)
@@ -310,7 +335,7 @@ int main(int argc, char** argv)
   for (std::size_t k = 0; k < factories.size(); ++k) {
     allocator a = factories[k]();
     names.push_back(a.name);
-    for (std::size_t bytes : pair_sizes) pair_ns[k].push_back(pair_latency(a, bytes, quick ? 0.02 : 0.1));
+    for (std::size_t bytes : pair_sizes) pair_ns[k].push_back(a.pair(bytes, quick ? 0.02 : 0.1));
     factories[k]();  // frees this one's memory before the next
   }
   std::printf("\n1. pair latency (allocate then free the same size), ns per pair on %s\n%-52s", prop.name, "allocator");
@@ -345,7 +370,7 @@ int main(int argc, char** argv)
       std::vector<double> runs;
       for (int r = 0; r < (slow ? 1 : 3); ++r) {
         allocator a = factories[k]();
-        runs.push_back(run_random(a, ops, max_live));
+        runs.push_back(a.random(ops, max_live));
       }
       result[dist] = median(runs);
     }
@@ -362,12 +387,7 @@ int main(int argc, char** argv)
     for (std::size_t k = 0; k < factories.size(); ++k) {
       if (names[k] == "cudaMalloc/cudaFree" && quick) continue;
       allocator a = factories[k]();
-      struct adapter {
-        allocator* a;
-        void* allocate(std::size_t n, std::size_t) { return a->allocate(n); }
-        void deallocate(void* p, std::size_t n, std::size_t) { a->free(p, n); }
-      } stack{&a};
-      results.push_back(strata::bench::replay_with(names[k], stack, a.reserved, events));
+      results.push_back(a.replay(events));
       factories[k]();
     }
     strata::bench::print_table(trace_path + " on device memory (peak reserved: bytes held from the device)", results);
