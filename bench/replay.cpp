@@ -1,12 +1,14 @@
 // Replays an allocation trace against strata stacks and reports time per operation and peak reserved over
 // peak live: how much memory each stack holds from its upstream, at its worst, for what the program needed.
 //   replay TRACE [--json FILE]
-// Runs on simulated_source (no GPU needed); the GPU replay (real cudaMalloc'd memory, peers beside it) is
-// bench/replay_gpu.
+// Runs on simulated_source (no GPU needed); the GPU replay (real cudaMalloc'd memory, peers beside it) is part
+// of bench/peers. The stream column is honoured by a stream_ordered stack over simulated streams, where each
+// operation is one piece of work on its stream that completes `lag` operations later.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -15,8 +17,61 @@
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/simulated_source.hpp>
+#include <strata/stream/simulated_streams.hpp>
+#include <strata/stream/stream_ordered.hpp>
 #include "replay_driver.hpp"
 #include "trace.hpp"
+
+namespace {
+
+/// Replays with the trace's streams: stream 0 is the legacy default stream, others are created on first use.
+strata::bench::replay_result replay_on_streams(std::string name, const std::vector<strata::bench::trace_event>& events, std::size_t lag,
+                                               std::size_t max_chunk = std::size_t{1} << 30)
+{
+  using namespace strata;
+  simulated_streams world;
+  simulated_source sim;
+  using pool = coalescing_pool<ref<simulated_source>>;
+  stream_ordered<pool, simulated_events> layer{pool{ref(sim), {.max_chunk = max_chunk}}, {}, simulated_events(world)};
+  std::unordered_map<int, cuda::stream_ref> streams{{0, simulated_streams::legacy()}};
+  auto stream_of = [&](int n) {
+    auto it = streams.find(n);
+    if (it == streams.end()) it = streams.emplace(n, world.create()).first;
+    return it->second;
+  };
+  bench::replay_result r{.stack = std::move(name)};
+  std::unordered_map<std::uint64_t, std::tuple<void*, std::size_t, int>> live;
+  std::size_t live_bytes = 0, ops = 0;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (const auto& e : events) {
+      const cuda::stream_ref s = stream_of(e.stream);
+      if (e.allocate) {
+        live[e.id] = {layer.allocate_async(e.bytes, 256, s), e.bytes, e.stream};
+        live_bytes += e.bytes;
+        r.peak_live = std::max(r.peak_live, live_bytes);
+        r.peak_reserved = std::max(r.peak_reserved, sim.allocated_bytes());
+      } else {
+        const auto it = live.find(e.id);
+        if (it == live.end()) continue;
+        layer.deallocate_async(std::get<0>(it->second), std::get<1>(it->second), 256, s);
+        live_bytes -= std::get<1>(it->second);
+        live.erase(it);
+      }
+      world.launch(s);
+      if (++ops % (lag + 1) == 0) world.finish_all();
+      ++r.operations;
+    }
+  } catch (const std::exception& ex) {
+    r.failed = true;
+    r.failure = ex.what();
+  }
+  r.ns_per_op = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(std::max<std::size_t>(r.operations, 1));
+  for (auto& [id, block] : live) layer.deallocate_async(std::get<0>(block), std::get<1>(block), 256, stream_of(std::get<2>(block)));
+  return r;
+}
+
+} // namespace
 
 int main(int argc, char** argv)
 {
@@ -59,6 +114,15 @@ int main(int argc, char** argv)
     size_class_pool<ref<simulated_source>> pool{ref(sim)};
     results.push_back(bench::replay("size_class_pool (large requests direct)", pool, sim, events));
   }
+  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (trace streams, work done at once)", events, 0));
+  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (work done 64 operations later)", events, 64));
+  // Growth comes in chunks of up to max_chunk: a stack a few MiB short at its peak takes a whole one more.
+  {
+    simulated_source sim;
+    coalescing_pool<ref<simulated_source>> pool{ref(sim), {.max_chunk = 128 << 20}};
+    results.push_back(bench::replay("coalescing_pool (chunks up to 128 MiB)", pool, sim, events));
+  }
+  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (chunks up to 128 MiB)", events, 0, 128 << 20));
   bench::print_table(argv[1], results);
   if (!json_path.empty()) bench::write_json(json_path, argv[1], results);
   return 0;

@@ -73,13 +73,13 @@ replay_result replay(std::string name, Stack& stack, Source& source, const std::
 inline void print_table(const std::string& trace, const std::vector<replay_result>& results)
 {
   std::printf("\nreplay of %s\n", trace.c_str());
-  std::printf("%-48s %10s %10s %14s %14s %9s\n", "stack", "ops", "ns/op", "peak live MiB", "peak rsv MiB", "rsv/live");
+  std::printf("%-68s %10s %10s %14s %14s %9s\n", "stack", "ops", "ns/op", "peak live MiB", "peak rsv MiB", "rsv/live");
   for (const auto& r : results) {
     if (r.failed) {
-      std::printf("%-48s FAILED after %zu ops: %s\n", r.stack.c_str(), r.operations, r.failure.c_str());
+      std::printf("%-68s FAILED after %zu ops: %s\n", r.stack.c_str(), r.operations, r.failure.c_str());
       continue;
     }
-    std::printf("%-48s %10zu %10.1f %14.1f %14.1f %8.3fx\n", r.stack.c_str(), r.operations, r.ns_per_op,
+    std::printf("%-68s %10zu %10.1f %14.1f %14.1f %8.3fx\n", r.stack.c_str(), r.operations, r.ns_per_op,
                 static_cast<double>(r.peak_live) / (1 << 20), static_cast<double>(r.peak_reserved) / (1 << 20), r.ratio());
   }
 }
