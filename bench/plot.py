@@ -97,7 +97,7 @@ if threads:
     say("")
 if streams:
     say("### Streams: pair latency on one stream (1 MiB) and the pipeline\n")
-    say(f"cudaStreamGetId: {streams['stream_id_ns']:.1f} ns per call\n")
+    say(f"cudaStreamGetId: {streams['stream_id_ns']:.1f} ns per call; strata::identify (driver): {streams.get('identify_ns', 0):.1f} ns\n")
     say("| allocator | ns/pair |")
     say("|---|---:|")
     for k, v in streams["pair_latency_1MiB_ns"].items():

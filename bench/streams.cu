@@ -110,16 +110,14 @@ double pair_latency_ns(const allocator_under_test& a, const stream_t& s, std::si
   return ns;
 }
 
-/// What telling streams apart costs: the runtime's cudaStreamGetId.
-double stream_id_ns(cudaStream_t s)
+/// What telling streams apart costs: the runtime's cudaStreamGetId, or strata::identify (the driver's).
+template <class Lookup>
+double stream_id_ns(cudaStream_t s, Lookup lookup)
 {
   constexpr int n = 200000;
-  unsigned long long id = 0, sum = 0;
+  unsigned long long sum = 0;
   const auto start = clock_type::now();
-  for (int i = 0; i < n; ++i) {
-    (void)cudaStreamGetId(s, &id);
-    sum += id;
-  }
+  for (int i = 0; i < n; ++i) sum += lookup(s);
   const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / n;
   return sum == 0 ? -ns : ns;
 }
@@ -177,9 +175,16 @@ int main(int argc, char** argv)
   cudaStream_t pair_handle = nullptr;
   check(cudaStreamCreateWithFlags(&pair_handle, cudaStreamNonBlocking), "stream");
   const stream_t pair_stream = strata::identify(pair_handle);
-  std::vector<double> id_runs;
-  for (int r = 0; r < 5; ++r) id_runs.push_back(stream_id_ns(pair_handle));
-  const double id_ns = median(id_runs);
+  std::vector<double> id_runs, identify_runs;
+  for (int r = 0; r < 5; ++r) {
+    id_runs.push_back(stream_id_ns(pair_handle, [](cudaStream_t s) {
+      unsigned long long id = 0;
+      (void)cudaStreamGetId(s, &id);
+      return id;
+    }));
+    identify_runs.push_back(stream_id_ns(pair_handle, [](cudaStream_t s) { return strata::identify(s).id(); }));
+  }
+  const double id_ns = median(id_runs), identify_ns = median(identify_runs);
   for (const auto& a : allocators) {
     const int n = a.name.starts_with("cudaMalloc/") ? 2000 : 200000;
     std::vector<double> runs;
@@ -216,6 +221,7 @@ int main(int argc, char** argv)
   std::printf("\npair latency on one stream, 1 MiB (median of 5)\n%-50s %12s %10s\n", "allocator", "ns/pair", "vs async");
   const double async_pair = pairs[async_row].second;
   std::printf("%-50s %12.1f   (one call)\n", "cudaStreamGetId", id_ns);
+  std::printf("%-50s %12.1f   (one call)\n", "strata::identify (the driver's cuStreamGetId)", identify_ns);
   for (const auto& [name, ns] : pairs) std::printf("%-50s %12.1f %9.1fx\n", name.c_str(), ns, async_pair / ns);
   std::printf("\npipeline (median of 3; cudaMalloc: one run, a quarter of the launches)\n%-50s %7s %9s %11s %11s %14s %12s\n",
               "allocator", "streams", "launches", "total ms", "enqueue ms", "us/launch", "alloc ns/pair");
@@ -225,7 +231,7 @@ int main(int argc, char** argv)
 
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "{\"device\":\"" << prop.name << "\",\"stream_id_ns\":" << id_ns << ",\"pair_latency_1MiB_ns\":{";
+    out << "{\"device\":\"" << prop.name << "\",\"stream_id_ns\":" << id_ns << ",\"identify_ns\":" << identify_ns << ",\"pair_latency_1MiB_ns\":{";
     for (std::size_t i = 0; i < pairs.size(); ++i) out << (i ? "," : "") << "\"" << pairs[i].first << "\":" << pairs[i].second;
     out << "},\"pipeline\":[";
     for (std::size_t i = 0; i < results.size(); ++i) {

@@ -3,6 +3,8 @@
 // stream's reused handle inherits nothing, and out-of-memory with pending frees succeeds after the retry.
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
@@ -224,6 +226,29 @@ TEST_CASE("stream_ordered over device memory conforms, synchronous and stream-or
   layer.release();
   CHECK(layer.cached_blocks() == 0);
   CHECK(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+}
+
+TEST_SUITE("gpu")
+{
+TEST_CASE("identify: the driver's stream ids are the runtime's, for every kind of stream and on a new thread")
+{
+  cudaStream_t s = make_stream();
+  auto runtime_id = [](cudaStream_t h) {
+    unsigned long long id = 0;
+    REQUIRE(cudaStreamGetId(h, &id) == cudaSuccess);
+    return id;
+  };
+  for (cudaStream_t h : {s, cudaStreamLegacy, cudaStreamPerThread, cudaStream_t{}}) CHECK(identify(h).id() == runtime_id(h));
+  CHECK(identify(cudaStreamLegacy).id() != identify(s).id());
+  unsigned long long from_thread = 0, per_thread_there = 0;
+  std::thread([&] {
+    from_thread = identify(s).id();  // no runtime call on this thread yet: the driver may refuse, the runtime answers
+    per_thread_there = identify(cudaStreamPerThread).id();
+  }).join();
+  CHECK(from_thread == runtime_id(s));
+  CHECK(per_thread_there != identify(cudaStreamPerThread).id());  // each thread has its own per-thread stream
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 }

@@ -23,10 +23,37 @@ private:
   std::uint64_t id_;
 };
 
-/// The id of a real CUDA stream (cudaStreamGetId resolves 0, the legacy and the per-thread default streams).
+namespace detail {
+
+/// The driver's cuStreamGetId, reached through the runtime's entry-point table (no link to libcuda): it skips
+/// the runtime's own layer, about half the cost of cudaStreamGetId. Null where the driver lacks it.
+using stream_id_fn = int (*)(cudaStream_t, unsigned long long*);
+inline stream_id_fn driver_stream_id() noexcept
+{
+  static const stream_id_fn fn = [] {
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamGetId", &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      clear_last_error();
+      return stream_id_fn{nullptr};
+    }
+    return reinterpret_cast<stream_id_fn>(symbol);
+  }();
+  return fn;
+}
+
+} // namespace detail
+
+/// The id of a real CUDA stream. Handle 0 goes to cudaStreamGetId, which resolves it as this translation unit
+/// was compiled (legacy or per-thread default stream); other handles, including cudaStreamLegacy and
+/// cudaStreamPerThread, to the driver directly, falling back to the runtime if the driver refuses.
 inline identified_stream identify(cuda::stream_ref stream)
 {
   unsigned long long id = 0;
+  if (stream.get() != nullptr) {
+    if (const auto driver = detail::driver_stream_id(); driver != nullptr && driver(stream.get(), &id) == 0) return {stream, id};
+  }
   detail::cuda_check(cudaStreamGetId(stream.get(), &id), "cudaStreamGetId");
   return {stream, id};
 }
