@@ -28,7 +28,7 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
   b.wait_device();
 };
 
-/// Real CUDA streams: ids from cudaStreamGetId (which also resolves the legacy and per-thread default streams,
+/// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId; 0 through cudaStreamGetId, which resolves it,
 /// and stream 0 under either compilation mode), events created with timing disabled (cheaper to record).
 /// Every call is a CUDA runtime call; every failure is a strata::cuda_error. Stateless and thread-safe.
 struct cuda_events {

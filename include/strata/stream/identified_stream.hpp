@@ -1,6 +1,7 @@
 #pragma once
-// Telling streams apart costs a driver call (cudaStreamGetId, about 0.1 µs), more than a whole cached
-// allocate+free in stream_ordered. A stream created once and used for many allocations can carry its id.
+// Telling streams apart costs a driver call (cuStreamGetId, about 25 ns on an H200 host; the runtime's
+// cudaStreamGetId about 60-85 ns), as much as a whole cached allocate+free in stream_ordered. A stream created
+// once and used for many allocations can carry its id.
 #include <cstdint>
 
 #include <strata/core/config.hpp>
