@@ -28,8 +28,9 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
   b.wait_device();
 };
 
-/// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId; 0 through cudaStreamGetId, which resolves it,
-/// and stream 0 under either compilation mode), events created with timing disabled (cheaper to record).
+/// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId, which also resolves the legacy and
+/// per-thread default streams; handle 0 through cudaStreamGetId, which resolves it under either compilation
+/// mode), events created with timing disabled (cheaper to record).
 /// Every call is a CUDA runtime call; every failure is a strata::cuda_error. Stateless and thread-safe.
 struct cuda_events {
   using event = cudaEvent_t;

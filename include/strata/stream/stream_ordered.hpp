@@ -36,8 +36,8 @@ namespace strata {
 /// handed over with t made to wait on that stream's event (cudaStreamWaitEvent); failing that, the host waits
 /// for every pending free, returns them all, and the policy is asked once more before out_of_memory.
 ///
-/// Streams are told apart by the backend's ids (the driver's cuStreamGetId for cuda_events: strata::identify), so a handle reused after
-/// cudaStreamDestroy never inherits the old stream's blocks; the legacy and per-thread default streams are
+/// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
+/// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the legacy and per-thread default streams are
 /// ordinary streams with ids of their own. The id lookup is a driver call (about 25 ns); pass an
 /// `identified_stream` (strata::identify(stream), once) to skip it. The synchronous allocate/deallocate run on the legacy default
 /// stream; a synchronous allocate that reuses a cached block waits for that stream, so the block is ready for
