@@ -37,11 +37,11 @@ namespace strata {
 /// for every pending free, returns them all, and the policy is asked once more before out_of_memory.
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
-/// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the legacy and per-thread default streams are
-/// ordinary streams with ids of their own. The id lookup is a driver call (about 25 ns); pass an
-/// `identified_stream` (strata::identify(stream), once) to skip it. The synchronous allocate/deallocate run on the legacy default
-/// stream; a synchronous allocate that reuses a cached block waits for that stream, so the block is ready for
-/// the host and every stream when it returns.
+/// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
+/// legacy and per-thread default streams are ordinary streams with ids of their own. The id lookup is a
+/// driver call (about 25 ns); pass an `identified_stream` (strata::identify(stream), once) to skip it. The
+/// synchronous allocate/deallocate run on the legacy default stream; a synchronous allocate that reuses a
+/// cached block waits for that stream, so the block is ready for the host and every stream when it returns.
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
 /// is; the policy's properties. Cost of a cached allocate or free: a hash lookup for the shape, O(1), plus
