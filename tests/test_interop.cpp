@@ -68,6 +68,10 @@ static_assert(std::is_same_v<thrust_allocator<int, coalescing_pool<device_source
 static_assert(std::is_same_v<thrust_universal_allocator<int, coalescing_pool<managed_source>>::pointer, thrust::universal_ptr<int>>);
 static_assert(std::is_same_v<thrust_allocator<int, coalescing_pool<device_source>>::rebind<double>::other,
                              thrust_allocator<double, coalescing_pool<device_source>>>);
+static_assert(std::is_nothrow_constructible_v<thrust_allocator<double, coalescing_pool<device_source>>,
+                                              const thrust_allocator<int, coalescing_pool<device_source>>&>);  // rebinding
+static_assert(!std::is_constructible_v<thrust_universal_allocator<int, coalescing_pool<managed_source>>,
+                                       const thrust_allocator<int, coalescing_pool<managed_source>>&>);  // not across pointer kinds
 
 TEST_CASE("pmr_adaptor: std::pmr containers on a strata pool")
 {
@@ -106,6 +110,8 @@ TEST_CASE("pmr_adaptor: is_equal is true only when memory from one may be freed 
   y = std::move(x);
   CHECK(y == std::pmr::vector<int>({1, 2, 3}));
   CHECK(y.get_allocator().resource() == &over_b);
+  CHECK(b.owns(y.data()));  // copied into b's pool, not adopted from a's
+  CHECK(!a.owns(y.data()));
 }
 
 TEST_CASE("any_resource: a stack chosen at run time, passed across a non-template boundary")

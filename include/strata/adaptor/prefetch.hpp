@@ -1,4 +1,6 @@
 #pragma once
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <utility>
@@ -29,12 +31,19 @@ inline cudaMemLocation host_location() noexcept
   return where;
 }
 
-/// Whether `device` can migrate managed pages on demand (prefetch and advice mean something there).
+/// Whether `device` can migrate managed pages on demand (prefetch and advice mean something there). A
+/// device's answer never changes: it is asked once and remembered, so explicit prefetches make one CUDA call.
 inline bool concurrent_managed_access(int device)
 {
+  static std::array<std::atomic<signed char>, 64> known{};  // 0: not asked yet, 1: no, 2: yes
+  const bool cacheable = device >= 0 && device < static_cast<int>(known.size());
+  if (cacheable) {
+    if (const signed char k = known[device].load(std::memory_order_relaxed); k != 0) return k == 2;
+  }
   int value = 0;
   cuda_check(cudaDeviceGetAttribute(&value, cudaDevAttrConcurrentManagedAccess, device),
              "cudaDeviceGetAttribute(cudaDevAttrConcurrentManagedAccess)");
+  if (cacheable) known[device].store(value != 0 ? 2 : 1, std::memory_order_relaxed);
   return value != 0;
 }
 

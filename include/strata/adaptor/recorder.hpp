@@ -69,7 +69,7 @@ public:
   {
     void* p = upstream_.allocate_async(bytes, alignment, stream);
     try {
-      on_allocate(p, bytes, number_of(stream));
+      on_allocate(p, bytes, handle_of(stream));
     } catch (...) {
       upstream_.deallocate_async(p, bytes, alignment, stream);
       throw;
@@ -79,7 +79,7 @@ public:
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
     requires stream_resource<Upstream>
   {
-    on_free(p, bytes, number_of(stream));
+    on_free(p, bytes, handle_of(stream));
     upstream_.deallocate_async(p, bytes, alignment, stream);
   }
 
@@ -108,35 +108,37 @@ private:
 
   void write_header() { *state_->out << "op,id,bytes,stream\n"; }
 
-  std::uint64_t number_of(cuda::stream_ref stream) noexcept
+  /// 0 for the synchronous calls and the default streams (whose handles need no numbering).
+  static std::uintptr_t handle_of(cuda::stream_ref stream) noexcept
   {
-    const auto handle = reinterpret_cast<std::uintptr_t>(stream.get());
-    if (handle == 0 || stream.get() == cudaStreamLegacy || stream.get() == cudaStreamPerThread) return 0;
-    std::lock_guard lock(state_->mutex);
-    try {
-      return state_->streams.try_emplace(handle, state_->streams.size() + 1).first->second;
-    } catch (...) {
-      return 0;
-    }
+    const cudaStream_t s = stream.get();
+    return s == cudaStreamLegacy || s == cudaStreamPerThread ? 0 : reinterpret_cast<std::uintptr_t>(s);
   }
 
-  void on_allocate(void* p, std::size_t bytes, std::uint64_t stream)
+  /// The trace's number for a stream handle, in order of first use; called with the mutex held.
+  std::uint64_t number_of(std::uintptr_t handle) const
+  {
+    if (handle == 0) return 0;
+    return state_->streams.try_emplace(handle, state_->streams.size() + 1).first->second;
+  }
+
+  void on_allocate(void* p, std::size_t bytes, std::uintptr_t stream)
   {
     if (p == nullptr) return;
     std::lock_guard lock(state_->mutex);
     const std::uint64_t id = state_->next_id++;
     state_->ids[p] = id;
-    *state_->out << "a," << id << ',' << bytes << ',' << stream << '\n';
+    *state_->out << "a," << id << ',' << bytes << ',' << number_of(stream) << '\n';
     ++state_->events;
   }
-  void on_free(void* p, std::size_t bytes, std::uint64_t stream) noexcept
+  void on_free(void* p, std::size_t bytes, std::uintptr_t stream) noexcept
   {
     if (p == nullptr) return;
     std::lock_guard lock(state_->mutex);
     const auto it = state_->ids.find(p);
     if (it == state_->ids.end()) return;  // allocated before recording began
     try {
-      *state_->out << "f," << it->second << ',' << bytes << ',' << stream << '\n';
+      *state_->out << "f," << it->second << ',' << bytes << ',' << number_of(stream) << '\n';
     } catch (...) {
     }
     state_->ids.erase(it);

@@ -17,8 +17,13 @@ namespace strata {
 /// (uncontended: tens of nanoseconds; contended threads queue — see thread_cached for scaling). Thread-safe.
 /// Move-only (moving is not thread-safe: do it before sharing).
 template <resource Upstream>
-class synchronized : public forward_properties<synchronized<Upstream>, Upstream>, public sync_names<synchronized<Upstream>> {
+class synchronized : public forward_properties<synchronized<Upstream>, Upstream>,
+                     public sync_names<synchronized<Upstream>>,
+                     public stream_first_names<synchronized<Upstream>, stream_resource<Upstream>> {
 public:
+  using stream_first_names<synchronized, stream_resource<Upstream>>::allocate;
+  using stream_first_names<synchronized, stream_resource<Upstream>>::deallocate;
+
   explicit synchronized(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
   synchronized(synchronized&& other) noexcept : upstream_(std::move(other.upstream_)) {}
   synchronized& operator=(synchronized&&) = delete;
@@ -45,16 +50,6 @@ public:
   {
     std::lock_guard lock(mutex_);
     upstream_.deallocate_async(p, bytes, alignment, stream);
-  }
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires stream_resource<Upstream>
-  {
-    return allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
-    requires stream_resource<Upstream>
-  {
-    deallocate_async(p, bytes, alignment, stream);
   }
 
   bool owns(const void* p) const noexcept

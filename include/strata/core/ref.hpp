@@ -13,8 +13,10 @@ namespace strata {
 /// Models: whatever R models — resource, stream_resource, and each optional capability R has.
 /// Cost: one indirection; no lock, no CUDA call of its own.
 template <resource R>
-class ref : public forward_properties<ref<R>, R>, public sync_names<ref<R>> {
+class ref : public forward_properties<ref<R>, R>, public sync_names<ref<R>>, public stream_first_names<ref<R>, stream_resource<R>> {
 public:
+  using stream_first_names<ref, stream_resource<R>>::allocate;
+  using stream_first_names<ref, stream_resource<R>>::deallocate;
   static constexpr std::size_t max_alignment = max_alignment_of<R>;
 
   explicit ref(R& referee) noexcept : referee_(std::addressof(referee)) {}
@@ -34,17 +36,6 @@ public:
     return referee_->allocate_async(bytes, alignment, stream);
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
-    requires stream_resource<R>
-  {
-    referee_->deallocate_async(p, bytes, alignment, stream);
-  }
-  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
-    requires stream_resource<R>
-  {
-    return referee_->allocate_async(bytes, alignment, stream);
-  }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes,
-                  std::size_t alignment = default_alignment) noexcept
     requires stream_resource<R>
   {
     referee_->deallocate_async(p, bytes, alignment, stream);

@@ -30,21 +30,32 @@ public:
   using propagate_on_container_swap = std::true_type;
 
   explicit thrust_allocator_base(R& resource) noexcept : resource_(std::addressof(resource)) {}
+  /// Rebinding: an allocator of U over the same resource (derived allocators inherit this constructor).
+  template <class U>
+  thrust_allocator_base(const thrust_allocator_base<U, R, Pointer>& other) noexcept : resource_(std::addressof(other.resource()))
+  {}
 
   pointer allocate(size_type n)
   {
     if (n > std::numeric_limits<size_type>::max() / sizeof(T)) throw std::bad_array_new_length();
-    return pointer(static_cast<T*>(resource_->allocate(n * sizeof(T), alignof(T) < default_alignment ? default_alignment : alignof(T))));
+    return pointer(static_cast<T*>(resource_->allocate(n * sizeof(T), effective_alignment(alignof(T)))));
   }
   void deallocate(pointer p, size_type n) noexcept
   {
-    resource_->deallocate(thrust::raw_pointer_cast(p), n * sizeof(T), alignof(T) < default_alignment ? default_alignment : alignof(T));
+    resource_->deallocate(thrust::raw_pointer_cast(p), n * sizeof(T), effective_alignment(alignof(T)));
   }
   size_type max_size() const noexcept { return std::numeric_limits<size_type>::max() / sizeof(T); }
 
   R& resource() const noexcept { return *resource_; }
 
   // Deliberately no construct/destroy: Thrust would call them element by element from the host.
+
+  /// Equal when memory from one may be freed by the other: their resources are equal.
+  template <class U>
+  friend bool operator==(const thrust_allocator_base& a, const thrust_allocator_base<U, R, Pointer>& b) noexcept
+  {
+    return a.resource() == b.resource();
+  }
 
 protected:
   R* resource_;
@@ -66,14 +77,6 @@ public:
   struct rebind {
     using other = thrust_allocator<U, R>;
   };
-  template <class U>
-  thrust_allocator(const thrust_allocator<U, R>& other) noexcept : thrust_allocator(other.resource())
-  {}
-  template <class U>
-  friend bool operator==(const thrust_allocator& a, const thrust_allocator<U, R>& b) noexcept
-  {
-    return a.resource() == b.resource();
-  }
 };
 
 /// The same for memory both host and device may touch (managed or pinned stacks), with
@@ -89,15 +92,6 @@ public:
   struct rebind {
     using other = thrust_universal_allocator<U, R>;
   };
-  template <class U>
-  thrust_universal_allocator(const thrust_universal_allocator<U, R>& other) noexcept
-      : thrust_universal_allocator(other.resource())
-  {}
-  template <class U>
-  friend bool operator==(const thrust_universal_allocator& a, const thrust_universal_allocator<U, R>& b) noexcept
-  {
-    return a.resource() == b.resource();
-  }
 };
 
 } // namespace strata

@@ -103,7 +103,7 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    return allocate_on(bytes, alignment, stream, backend_.id_of(stream));
+    return allocate_on(bytes, alignment, stream, backend_.id_of(stream), /*for_host=*/false);
   }
 
   /// The same, with the stream's id known: no backend call on a hit.
@@ -111,7 +111,7 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    return allocate_on(bytes, alignment, stream.stream(), stream.id());
+    return allocate_on(bytes, alignment, stream.stream(), stream.id(), /*for_host=*/false);
   }
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
@@ -137,20 +137,8 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    if (bytes > largest_cached) return policy_.allocate(bytes, alignment);
-    const shape sh = shape_of(bytes, alignment);
     const cuda::stream_ref legacy{cudaStreamLegacy};
-    stream_state& s = state_of(backend_.id_of(legacy));
-    if (node* n = s.take(sh.key)) {
-      try {
-        backend_.wait_stream(legacy);
-      } catch (...) {
-        s.put(n);  // cannot throw: the bin for this key exists
-        throw;
-      }
-      return hand_out(n);
-    }
-    return allocate_on_miss(sh, legacy, s, /*for_host=*/true);
+    return allocate_on(bytes, alignment, legacy, backend_.id_of(legacy), /*for_host=*/true);
   }
 
   /// On the legacy default stream: later work on any blocking stream is ordered after the free.
@@ -340,13 +328,25 @@ private:
     return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align))};
   }
 
-  void* allocate_on(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id)
+  /// `for_host`: the block must be ready for the host and every stream when this returns (the synchronous
+  /// allocate): a reused block is waited for, a handed-over one too.
+  void* allocate_on(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id, bool for_host)
   {
     if (bytes > largest_cached) return policy_.allocate(bytes, alignment);  // fails there, naming the policy
     const shape sh = shape_of(bytes, alignment);
     stream_state& s = state_of(id);
-    if (node* n = s.take(sh.key)) return hand_out(n);
-    return allocate_on_miss(sh, stream, s, /*for_host=*/false);
+    if (node* n = s.take(sh.key)) {
+      if (for_host) {
+        try {
+          backend_.wait_stream(stream);
+        } catch (...) {
+          s.put(n);  // cannot throw: the bin for this key exists
+          throw;
+        }
+      }
+      return hand_out(n);
+    }
+    return allocate_on_miss(sh, stream, s, for_host);
   }
 
   void deallocate_on(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id) noexcept
