@@ -1,6 +1,8 @@
 // Replays an allocation trace against strata stacks and reports time per operation and peak reserved over
 // peak live: how much memory each stack holds from its upstream, at its worst, for what the program needed.
-//   replay TRACE [--json FILE]
+//   replay TRACE [--scale F] [--exact] [--json FILE]
+// --scale multiplies every size by F (rounded up to 512 bytes, as PyTorch rounds); simulated memory rounds
+// as cudaMalloc does (requests of 2 MiB or more take a multiple of 2 MiB) unless --exact.
 // Runs on simulated_source (no GPU needed); the GPU replay (real cudaMalloc'd memory, peers beside it) is part
 // of bench/peers. The stream column is honoured by a stream_ordered stack over simulated streams, where each
 // operation is one piece of work on its stream that completes `lag` operations later.
@@ -24,13 +26,30 @@
 
 namespace {
 
+strata::simulated_source::rounding source_rounding = strata::simulated_source::rounding::like_cudamalloc;
+
+strata::simulated_source make_source()
+{
+  return strata::simulated_source(strata::simulated_source::unlimited, std::size_t{1} << 40, source_rounding);
+}
+
+/// Every size times `factor`, rounded up to 512 bytes (PyTorch's rounding): the same workload a little
+/// larger or smaller, so a figure that holds only at one lucky size shows it.
+void scale_sizes(std::vector<strata::bench::trace_event>& events, double factor)
+{
+  for (auto& e : events) {
+    const auto scaled = static_cast<std::size_t>(static_cast<double>(e.bytes) * factor + 0.5);
+    e.bytes = std::max<std::size_t>(512, (scaled + 511) / 512 * 512);
+  }
+}
+
 /// Replays with the trace's streams: stream 0 is the legacy default stream, others are created on first use.
 strata::bench::replay_result replay_on_streams(std::string name, const std::vector<strata::bench::trace_event>& events, std::size_t lag,
                                                std::size_t max_chunk = std::size_t{1} << 30)
 {
   using namespace strata;
   simulated_streams world;
-  simulated_source sim;
+  simulated_source sim = make_source();
   using pool = coalescing_pool<ref<simulated_source>>;
   stream_ordered<pool, simulated_events> layer{pool{ref(sim), {.max_chunk = max_chunk}}, {}, simulated_events(world)};
   std::unordered_map<int, cuda::stream_ref> streams{{0, simulated_streams::legacy()}};
@@ -76,41 +95,57 @@ strata::bench::replay_result replay_on_streams(std::string name, const std::vect
 int main(int argc, char** argv)
 {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s TRACE [--json FILE]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s TRACE [--scale F] [--exact] [--json FILE]\n", argv[0]);
     return 2;
   }
-  const std::string json_path = argc >= 4 && std::string(argv[2]) == "--json" ? argv[3] : "";
-  const auto events = strata::bench::read_trace(argv[1]);
+  std::string json_path;
+  double scale = 1.0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (arg == "--scale" && i + 1 < argc) scale = std::stod(argv[++i]);
+    else if (arg == "--exact") source_rounding = strata::simulated_source::rounding::none;
+    else {
+      std::fprintf(stderr, "replay: unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  if (!(scale > 0)) {
+    std::fprintf(stderr, "replay: --scale must be positive\n");
+    return 2;
+  }
+  auto events = strata::bench::read_trace(argv[1]);
+  if (scale != 1.0) scale_sizes(events, scale);
   using namespace strata;
   std::vector<bench::replay_result> results;
 
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     coalescing_pool<ref<simulated_source>> pool{ref(sim)};
     results.push_back(bench::replay("coalescing_pool (defaults)", pool, sim, events));
   }
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     coalescing_pool<ref<simulated_source>> pool{ref(sim), {.initial_chunk = 2 << 20, .max_chunk = 1 << 30, .growth_factor = 1.0}};
     results.push_back(bench::replay("coalescing_pool (2 MiB chunks, no growth)", pool, sim, events));
   }
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     coalescing_pool<ref<simulated_source>> pool{ref(sim), {.initial_chunk = 20 << 20, .max_chunk = 1 << 30, .growth_factor = 1.0}};
     results.push_back(bench::replay("coalescing_pool (20 MiB chunks, no growth)", pool, sim, events));
   }
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     buddy_pool<ref<simulated_source>> pool{ref(sim)};
     results.push_back(bench::replay("buddy_pool (1 GiB regions)", pool, sim, events));
   }
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     buddy_pool<ref<simulated_source>> pool{ref(sim), {.region_size = 64 << 20}};
     results.push_back(bench::replay("buddy_pool (64 MiB regions)", pool, sim, events));
   }
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     size_class_pool<ref<simulated_source>> pool{ref(sim)};
     results.push_back(bench::replay("size_class_pool (large requests direct)", pool, sim, events));
   }
@@ -118,7 +153,7 @@ int main(int argc, char** argv)
   results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (work done 64 operations later)", events, 64));
   // Growth comes in chunks of up to max_chunk: a stack a few MiB short at its peak takes a whole one more.
   {
-    simulated_source sim;
+    simulated_source sim = make_source();
     coalescing_pool<ref<simulated_source>> pool{ref(sim), {.max_chunk = 128 << 20}};
     results.push_back(bench::replay("coalescing_pool (chunks up to 128 MiB)", pool, sim, events));
   }

@@ -65,3 +65,26 @@ TEST_CASE("simulated_source moves")
   b.deallocate(p, 1000);
   CHECK(b.allocated_bytes() == 0);
 }
+
+TEST_CASE("simulated_source can round like cudaMalloc")
+{
+  using strata::simulated_source;
+  simulated_source exact;
+  simulated_source rounding(simulated_source::unlimited, std::size_t{1} << 40, simulated_source::rounding::like_cudamalloc);
+  const std::size_t mib = std::size_t{1} << 20;
+  CHECK(rounding.rounded_size(mib) == mib);                  // below 2 MiB: 256-byte steps
+  CHECK(rounding.rounded_size(2 * mib) == 2 * mib);
+  CHECK(rounding.rounded_size(2 * mib + 1) == 4 * mib);
+  CHECK(exact.rounded_size(2 * mib + 1) == 2 * mib + 256);
+  void* p = rounding.allocate(5 * mib);
+  CHECK(rounding.allocated_bytes() == 6 * mib);
+  void* q = rounding.allocate(3000);
+  CHECK(rounding.allocated_bytes() == 6 * mib + 3072);
+  rounding.deallocate(p, 5 * mib);
+  rounding.deallocate(q, 3000);
+  CHECK(rounding.allocated_bytes() == 0);
+  simulated_source capped(8 * mib, std::size_t{1} << 30, simulated_source::rounding::like_cudamalloc);
+  void* a = capped.allocate(4 * mib + 1);  // takes 6 MiB of the 8
+  CHECK_THROWS_AS((void)capped.allocate(3 * mib), strata::out_of_memory);
+  capped.deallocate(a, 4 * mib + 1);
+}

@@ -21,6 +21,9 @@ namespace strata {
 /// refuses, with out_of_memory, any request that would put more than `capacity` bytes in use: "does this
 /// trace fit in 80 GiB with this stack?" answered on a laptop.
 /// Free ranges are kept best-fit (by size) and merged with their neighbours (by address).
+/// With `rounding::like_cudamalloc` it rounds as cudaMalloc does on current GPUs (measured on an H200): a
+/// request of 2 MiB or more takes a multiple of 2 MiB. Replays that do not round under-count what pools of
+/// exact-size chunks really hold, so the replay tools round by default.
 /// Models: resource, with no accessibility property (the memory cannot be touched). Any power-of-two
 /// alignment. Equal only to itself. Cost: O(log n) with a mutex (sources are thread-safe). Move-only.
 class simulated_source : public sync_names<simulated_source> {
@@ -28,10 +31,14 @@ public:
   static constexpr std::size_t unlimited = SIZE_MAX;
   static constexpr std::size_t granularity = default_alignment;
   static constexpr std::size_t max_alignment = std::size_t{1} << 40;  // and never more than the reservation
+  static constexpr std::size_t cudamalloc_page = std::size_t{2} << 20;
+
+  enum class rounding { none, like_cudamalloc };
 
   /// `capacity`: most bytes in use at once. `address_space`: what is reserved (at least the capacity).
-  explicit simulated_source(std::size_t capacity = unlimited, std::size_t address_space = std::size_t{1} << 40)
-      : capacity_(capacity)
+  explicit simulated_source(std::size_t capacity = unlimited, std::size_t address_space = std::size_t{1} << 40,
+                            rounding round = rounding::none)
+      : capacity_(capacity), round_(round)
   {
     if (capacity != unlimited && capacity > address_space) address_space = align_up(capacity, std::size_t{1} << 21) * 2;
     void* base = ::mmap(nullptr, address_space, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -50,6 +57,7 @@ public:
     base_ = std::exchange(other.base_, 0);
     size_ = std::exchange(other.size_, 0);
     capacity_ = other.capacity_;
+    round_ = other.round_;
     in_use_ = std::exchange(other.in_use_, 0);
     peak_ = std::exchange(other.peak_, 0);
     allocations_ = std::exchange(other.allocations_, 0);
@@ -68,7 +76,7 @@ public:
     check_alignment("simulated_source", alignment, size_);
     if (bytes == 0) return nullptr;
     std::size_t rounded = 0;
-    if (!checked_align_up(bytes, granularity, rounded)) throw_oom(bytes, "the request overflows");
+    if (!checked_align_up(bytes, step_for(bytes), rounded)) throw_oom(bytes, "the request overflows");
     const std::size_t align = effective_alignment(alignment);
     std::scoped_lock lock(mutex_);
     if (capacity_ != unlimited && (rounded > capacity_ || in_use_ > capacity_ - rounded))
@@ -95,7 +103,7 @@ public:
   {
     if (p == nullptr) return;
     std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
-    std::size_t size = align_up(bytes, granularity);
+    std::size_t size = align_up(bytes, step_for(bytes));
     std::scoped_lock lock(mutex_);
     in_use_ -= size;
     --allocations_;
@@ -124,6 +132,13 @@ public:
   }
 
   std::size_t capacity() const noexcept { return capacity_; }
+  rounding rounds() const noexcept { return round_; }
+  /// What a request of `bytes` really takes from the capacity.
+  std::size_t rounded_size(std::size_t bytes) const noexcept
+  {
+    std::size_t rounded = 0;
+    return checked_align_up(bytes, step_for(bytes), rounded) ? rounded : SIZE_MAX;
+  }
   std::size_t allocated_bytes() const
   {
     std::scoped_lock lock(mutex_);
@@ -151,6 +166,11 @@ private:
   [[noreturn]] void throw_oom(std::size_t bytes, const std::string& why) const
   {
     throw out_of_memory("simulated_source", bytes, why);
+  }
+
+  std::size_t step_for(std::size_t bytes) const noexcept
+  {
+    return round_ == rounding::like_cudamalloc && bytes >= cudamalloc_page ? cudamalloc_page : granularity;
   }
 
   void insert_free(std::uintptr_t start, std::size_t size)
@@ -181,6 +201,7 @@ private:
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::size_t capacity_ = unlimited;
+  rounding round_ = rounding::none;
   std::size_t in_use_ = 0;
   std::size_t peak_ = 0;
   std::size_t allocations_ = 0;
