@@ -7,6 +7,7 @@
 // of bench/peers. The stream column is honoured by a stream_ordered stack over simulated streams, where each
 // operation is one piece of work on its stream that completes `lag` operations later.
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -16,7 +17,9 @@
 
 #include <strata/core/ref.hpp>
 #include <strata/policy/buddy_pool.hpp>
+#include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/mapped_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/simulated_source.hpp>
 #include <strata/stream/simulated_streams.hpp>
@@ -158,6 +161,31 @@ int main(int argc, char** argv)
     results.push_back(bench::replay("coalescing_pool (chunks up to 128 MiB)", pool, sim, events));
   }
   results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (chunks up to 128 MiB)", events, 0, 128 << 20));
+  {
+    const char* spec = std::getenv("MAPPED");  // slack_mib,fraction,candidates;...
+    std::string all = spec ? spec : "0,1,16";
+    std::size_t pos = 0;
+    while (pos < all.size()) {
+      std::size_t end = all.find(';', pos);
+      if (end == std::string::npos) end = all.size();
+      double slack = 0, max_map = 0, page_mib = 2;
+      int cands = 16;
+      double small_mib = 4;
+      std::sscanf(all.substr(pos, end - pos).c_str(), "%lf,%lf,%d,%lf,%lf", &slack, &max_map, &cands, &page_mib, &small_mib);
+      pos = end + 1;
+      mapped_pool<simulated_pages> pool{simulated_pages{static_cast<std::size_t>(page_mib * (1 << 20))},
+                                        {.small_limit = static_cast<std::size_t>(small_mib * (1 << 20)), .reclaim_slack = slack >= 1 ? static_cast<std::size_t>(slack * (1 << 20)) : 0, .reclaim_slack_fraction = slack < 1 ? slack : 0.0, .max_mapping = max_map > 0 ? static_cast<std::size_t>(max_map * (1 << 20)) : SIZE_MAX, .placement_candidates = cands}};
+      char name[128];
+      std::snprintf(name, sizeof name, "mapped_pool (small %g MiB, slack %g, max map %.0f MiB, candidates %d)", small_mib, slack, max_map, cands);
+      auto r = bench::replay_with(name, pool, [&] { return pool.physical_bytes(); }, events);
+      const auto& c = pool.page_calls();
+      const double us = 7.5 * c.creates + 31.0 * c.maps + 20.0 * c.unmaps + 10.0 * c.releases + 1.0 * c.synchronizes;
+      std::printf("  %s: creates %llu maps %llu unmaps %llu access %llu syncs %llu; model %.0f ns/op\n", name,
+                  (unsigned long long)c.creates, (unsigned long long)c.maps, (unsigned long long)c.unmaps, (unsigned long long)c.access_calls,
+                  (unsigned long long)c.synchronizes, 1000.0 * us / static_cast<double>(r.operations));
+      results.push_back(std::move(r));
+    }
+  }
   bench::print_table(argv[1], results);
   if (!json_path.empty()) bench::write_json(json_path, argv[1], results);
   return 0;
