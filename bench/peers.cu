@@ -316,6 +316,7 @@ allocator measured(S* s, stream_use use, std::function<std::size_t()> reserved)
 struct factory {
   std::function<allocator()> make;
   std::function<void()> drop;
+  bool peer = false;  ///< another library's allocator (the targets compare strata's recommended stack with these)
 };
 
 /// A row of the table: the allocator's name, how to make it, and whether it takes part in the replays
@@ -558,7 +559,7 @@ factory peer(stream_use use, std::function<std::size_t(Peer&)> reserved, Args...
             if constexpr (requires { p->own_peaks(); }) a.own_peaks = [p] { return p->own_peaks(); };
             return a;
           },
-          [keep] { keep->reset(); }};
+          [keep] { keep->reset(); }, true};
 }
 
 /// A strata stack over device memory counted by statistics (its current bytes are what the stack reserved).
@@ -707,8 +708,11 @@ int main(int argc, char** argv)
   if (!json_path.empty()) json.open(json_path);
   json << "{\"device\":\"" << prop.name << "\",\"recommended\":\"" << recommended_stack << "\",\"rmm\":\""
        << (rmm ? rmm->version() : "absent") << "\",\"torch\":\"" << (torch ? torch->version() : "absent") << "\",\"stacks\":[";
-  for (std::size_t k = 0; k < rows.size(); ++k) json << (k ? "," : "") << "\"" << rows[k].name << "\"";
+  for (std::size_t k = 0; k < rows.size(); ++k)
+    json << (k ? "," : "") << "{\"name\":\"" << rows[k].name << "\",\"peer\":" << (rows[k].make.peer ? "true" : "false") << "}";
   json << "]";
+  if (std::none_of(rows.begin(), rows.end(), [](const stack_row& r) { return r.name == recommended_stack; }))
+    std::printf("the recommended stack \"%s\" is not in this run: the targets cannot be judged\n", recommended_stack);
   std::vector<std::string> failures;  // "row: part: why", for the summary
   auto attempt = [&](const stack_row& row, const char* part, auto&& f) -> double {
     try {
