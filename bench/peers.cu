@@ -377,14 +377,21 @@ struct async_peer {
   void deallocate_async(void* p, std::size_t n, std::size_t a, cuda::stream_ref s) { source.deallocate_async(p, n, a, s); }
 };
 
+/// cudaMalloc/cudaFree; what it holds is what is live (so the replay samples the device at every allocation).
 struct cuda_malloc_peer {
+  std::size_t held = 0;
   void* allocate(std::size_t n, std::size_t)
   {
     void* p = nullptr;
     require(cudaMalloc(&p, n), "cudaMalloc");
+    held += n;
     return p;
   }
-  void deallocate(void* p, std::size_t, std::size_t) { require(cudaFree(p), "cudaFree"); }
+  void deallocate(void* p, std::size_t n, std::size_t)
+  {
+    require(cudaFree(p), "cudaFree");
+    held -= n;
+  }
 };
 
 /// A library loaded with dlopen and its C functions: RMM and PyTorch each bring their own CUDA libraries
@@ -516,7 +523,7 @@ struct torch_peer {
   void* h;
   torch_peer(torch_shim* s, const char* settings) : shim(s), h(s->create(settings))
   {
-    if (h == nullptr) throw std::runtime_error(std::string("PyTorch refused the settings ") + settings);
+    if (h == nullptr) throw std::runtime_error(std::string("PyTorch's allocator could not be set up with ") + settings + " (its reason on stderr)");
   }
   torch_peer(const torch_peer&) = delete;
   ~torch_peer() { shim->destroy(h); }
@@ -641,7 +648,7 @@ std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
     rows.push_back({"torch expandable segments (legacy stream)", peer<torch_peer>(stream_use::legacy, held, torch, expandable)});
     rows.push_back({"torch expandable segments (created stream)", peer<torch_peer>(stream_use::created, held, torch, expandable), false});
   }
-  rows.push_back({"cudaMalloc/cudaFree", peer<cuda_malloc_peer>(stream_use::none, [](cuda_malloc_peer&) { return std::size_t{0}; })});
+  rows.push_back({"cudaMalloc/cudaFree", peer<cuda_malloc_peer>(stream_use::none, [](cuda_malloc_peer& p) { return p.held; })});
   return rows;
 }
 
@@ -806,8 +813,8 @@ int main(int argc, char** argv)
       row.make.drop();
       results.push_back(r);
     }
-    std::printf("\n3. replay of %s on device memory (reserved: what the allocator holds from the device; device: the rise in "
-                "cudaMemGetInfo's used memory)\n%-52s %10s %10s %12s %12s %9s %12s %9s\n",
+    std::printf("\n3. replay of %s on device memory, on the trace's streams where the allocator takes one (reserved: what the "
+                "allocator holds from the device; device: the rise in cudaMemGetInfo's used memory)\n%-52s %10s %10s %12s %12s %9s %12s %9s\n",
                 traces[t].c_str(), "stack", "ops", "ns/op", "live MiB", "rsv MiB", "rsv/live", "device MiB", "dev/live");
     for (const auto& r : results) {
       if (r.failed) {

@@ -118,7 +118,8 @@ if peers:
     say("### Replay on device memory (from a fresh allocator; growth counted)\n")
     say("reserved: what the allocator holds from the device by its own count (for PyTorch, its reserved_bytes); "
         "device: the rise in cudaMemGetInfo's used memory over the replay; PyTorch own: its max_memory_reserved / "
-        "max_memory_allocated.\n")
+        "max_memory_allocated. Allocators that take a stream replay on the trace's streams (0: the legacy "
+        "default stream, others created), whatever stream their row names for pair latency and random allocations.\n")
     for tr in peers.get("replay", []):
         say(f"#### {trace_name(tr['trace'])}\n")
         say("| stack | ns/op | peak live MiB | peak reserved MiB | reserved / live | device MiB | device / live | PyTorch own |")
