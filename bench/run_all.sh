@@ -48,7 +48,12 @@ run() {
   tail -n 30 "$out/$log"
 }
 
-run peers peers.log "$build/bench/peers" --json "$out/peers.json" "${trace_args[@]}" "${shim_args[@]}"
+# A torch shim built elsewhere finds libc10 through torch's own lib folder, where python3 imports torch.
+torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+(
+  [ -n "$torch_lib" ] && export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  run peers peers.log "$build/bench/peers" --json "$out/peers.json" "${trace_args[@]}" "${shim_args[@]}"
+)
 run streams streams.log "$build/bench/streams" --json "$out/streams.json"
 run threads threads.log "$build/bench/threads" --json "$out/threads.json"
 run pinned_managed pinned_managed.log "$build/bench/pinned_managed" --json "$out/pinned_managed.json"
