@@ -5,5 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${TORCH_CMAKE_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
-cmake -S bench/torch_shim -B build-torch -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+# TorchConfig.cmake stops where it finds no CUDA toolkit it likes: then torch's folders are used directly.
+cmake -S bench/torch_shim -B build-torch -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" ||
+  { rm -rf build-torch && cmake -S bench/torch_shim -B build-torch -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DSTRATA_TORCH_WITHOUT_CONFIG=ON; }
 cmake --build build-torch -j2
