@@ -39,6 +39,7 @@
 #include <thrust/system/cuda/memory_resource.h>
 
 #include <strata/adaptor/segregator.hpp>
+#include <strata/default_pool.hpp>
 #include <strata/adaptor/statistics.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/buddy_pool.hpp>
@@ -53,7 +54,7 @@
 namespace {
 
 /// The stack the README leads with: the targets in the summary are stated against it, and against no other.
-constexpr const char* recommended_stack = "strata stream_ordered<coalescing_pool>";
+constexpr const char* recommended_stack = "strata default_pool";
 
 using clock_type = std::chrono::steady_clock;
 using counted_device = strata::statistics<strata::device_source>;  // its current bytes: what a stack reserved
@@ -624,7 +625,11 @@ std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
      strata_stack<so_coalescing>([](counted_device& u) { return std::make_unique<so_coalescing>(coalescing_pool<ref_t>(ref_t(u))); })},
     {"strata stream_ordered<size_class_pool>",
      strata_stack<so_size_class>([](counted_device& u) { return std::make_unique<so_size_class>(size_class_pool<ref_t>(ref_t(u))); })},
-    // (the coordinator's rows go here: mapped_pool, default_pool)
+    {"strata default_pool", owned_stack<strata::default_pool>([] { return std::make_unique<strata::default_pool>(strata::make_default_pool()); },
+                                                              [](const strata::default_pool& p) { return p.policy().physical_bytes(); })},
+    {"strata mapped_pool", owned_stack<strata::mapped_pool<strata::driver_pages>>(
+                             [] { return std::make_unique<strata::mapped_pool<strata::driver_pages>>(); },
+                             [](const strata::mapped_pool<strata::driver_pages>& p) { return p.physical_bytes(); })},
     {"cudaMallocAsync (legacy stream)", peer<async_peer>(stream_use::legacy, [](async_peer& p) { return std::size_t(p.source.reserved_bytes()); })},
     {"cudaMallocAsync (created stream)", peer<async_peer>(stream_use::created, [](async_peer& p) { return std::size_t(p.source.reserved_bytes()); }), false},
     {"cub::CachingDeviceAllocator (defaults)", peer<cub_peer>(stream_use::legacy, [](cub_peer& p) { return p.reserved(); })},

@@ -55,6 +55,7 @@ torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(tor
   run peers peers.log "$build/bench/peers" --json "$out/peers.json" "${trace_args[@]}" "${shim_args[@]}"
 )
 run streams streams.log "$build/bench/streams" --json "$out/streams.json"
+run vmm_costs vmm_costs.log "$build/bench/vmm_costs" --json "$out/vmm_costs.json"
 run threads threads.log "$build/bench/threads" --json "$out/threads.json"
 run pinned_managed pinned_managed.log "$build/bench/pinned_managed" --json "$out/pinned_managed.json"
 run policies_host policies_host.log "$build/bench/policies_host" --benchmark_format=json --benchmark_out_format=json \
@@ -76,6 +77,7 @@ for ex in "$build"/examples/*; do
 done
 
 python3 "$here/plot.py" "$out" || echo "plot 1" >> "$out/status.txt"
+python3 "$here/replay_table.py" "$out" > "$out/memory.md" || echo "replay_table 1" >> "$out/status.txt"
 # summary.md and the plots stay in sight; the raw JSON, logs and notes go into one archive.
 ( cd "$out" && tar czf results.tar.gz ./*.json ./*.txt ./*.log && rm -f ./*.json ./*.txt ./*.log )
 failed=$(tar xzf "$out/results.tar.gz" -O ./status.txt | awk '$2 != 0 && $2 != 77' | wc -l)
