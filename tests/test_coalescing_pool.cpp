@@ -11,6 +11,16 @@ using namespace strata;
 using strata::testing::spy;
 using pool_over_spy = coalescing_pool<ref<spy<simulated_source>>>;
 
+namespace {
+/// One set of lists for every size and chunks of exactly the sizes asked for: the TLSF mechanics alone,
+/// without the defaults that keep small requests apart and round chunks to 2 MiB.
+template <class Pool = pool_over_spy>
+typename Pool::options plain(std::size_t initial_chunk, std::size_t max_chunk = std::size_t{1} << 30)
+{
+  return {.initial_chunk = initial_chunk, .max_chunk = max_chunk, .small_limit = 0, .chunk_granularity = 256};
+}
+} // namespace
+
 static_assert(resource<coalescing_pool<host_source>> && owning_resource<coalescing_pool<host_source>>);
 static_assert(sized_resource<coalescing_pool<host_source>> && releasable_resource<coalescing_pool<host_source>>);
 static_assert(usage_reporting_resource<coalescing_pool<host_source>> && snapshot_resource<coalescing_pool<host_source>>);
@@ -26,7 +36,7 @@ TEST_CASE("coalescing_pool conforms")
 TEST_CASE("coalescing_pool: split, merge with both neighbours, reuse")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20)};
   char* a = static_cast<char*>(pool.allocate(1000));
   char* b = static_cast<char*>(pool.allocate(1000));
   char* c = static_cast<char*>(pool.allocate(1000));
@@ -48,7 +58,7 @@ TEST_CASE("coalescing_pool: split, merge with both neighbours, reuse")
 
 TEST_CASE("coalescing_pool: alignment padding stays free and usable")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 4 << 20});
+  coalescing_pool<simulated_source> pool(simulated_source{}, plain<coalescing_pool<simulated_source>>(4 << 20));
   void* first = pool.allocate(256);
   void* aligned = pool.allocate(1000, 1 << 20);
   CHECK(is_aligned(aligned, 1 << 20));
@@ -89,7 +99,7 @@ TEST_CASE("coalescing_pool: randomized invariants")
 TEST_CASE("coalescing_pool: growth is geometric, and falls back to the smallest chunk that fits")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 8 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20, 8 << 20)};
   std::vector<std::pair<void*, std::size_t>> blocks;
   for (int i = 0; i < 6; ++i) blocks.emplace_back(pool.allocate(1 << 20), 1 << 20);
   // chunks of 1, 2, 4 MiB so far; the next would be 8 MiB
@@ -106,7 +116,9 @@ TEST_CASE("coalescing_pool: growth is geometric, and falls back to the smallest 
 
 TEST_CASE("coalescing_pool: max_reserved caps what it takes")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 1 << 20, .max_reserved = 3 << 20});
+  auto opts = plain<coalescing_pool<simulated_source>>(1 << 20);
+  opts.max_reserved = 3 << 20;
+  coalescing_pool<simulated_source> pool(simulated_source{}, opts);
   void* a = pool.allocate(1 << 20);
   void* b = pool.allocate(2 << 20);
   CHECK_THROWS_AS((void)pool.allocate(256), out_of_memory);
@@ -117,7 +129,7 @@ TEST_CASE("coalescing_pool: max_reserved caps what it takes")
 TEST_CASE("coalescing_pool: release returns exactly the wholly free chunks")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 1 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20, 1 << 20)};
   std::vector<void*> blocks;
   for (int i = 0; i < 40; ++i) blocks.push_back(pool.allocate(200 << 10));  // 5 a chunk: 8 chunks
   CHECK(pool.usage().chunks == 8);
@@ -135,7 +147,7 @@ TEST_CASE("coalescing_pool: release returns exactly the wholly free chunks")
 
 TEST_CASE("coalescing_pool: snapshot lists every block of every chunk, as JSON too")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 1 << 20});
+  coalescing_pool<simulated_source> pool(simulated_source{}, plain<coalescing_pool<simulated_source>>(1 << 20));
   void* a = pool.allocate(1000);
   void* b = pool.allocate(3000);
   pool.deallocate(a, 1000);
