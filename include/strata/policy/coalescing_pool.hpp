@@ -58,7 +58,7 @@ public:
     std::size_t max_chunk = std::size_t{32} << 20;     ///< growth stops here (a larger request gets its own chunk)
     std::size_t max_reserved = SIZE_MAX;               ///< never hold more than this from the upstream
     double growth_factor = 2.0;                        ///< each new large chunk is this times the last (>= 1)
-    std::size_t small_limit = std::size_t{1} << 20;    ///< requests up to this use small chunks only (0: no split)
+    std::size_t small_limit = std::size_t{256} << 10;  ///< requests up to this use small chunks only (0: no split)
     std::size_t small_chunk = std::size_t{2} << 20;    ///< the size of every small chunk (capped by max_chunk)
     std::size_t chunk_granularity = std::size_t{2} << 20;  ///< chunk sizes are rounded up to a multiple of this
     unsigned exact_fit_scan = 16;                      ///< blocks of the request's own list tried for a fit
@@ -103,7 +103,8 @@ public:
     // Every host allocation the call may need happens before anything changes: the strong guarantee.
     ensure_spares();
     block* b = bands_[band].find(search, opts_.exact_fit_scan);
-    if (b == nullptr) b = grow(search, bytes, band);
+    if (b == nullptr) b = grow(search, bytes, band, nullptr);
+    else if (too_large_to_carve(b, search)) b = grow(search, bytes, band, b);
     const std::uintptr_t start = align_address(b->address, align);
     block* used = start > b->address ? spare_[spares_ - 1] : b;  // split_front's node is the next spare
     try {
@@ -265,6 +266,16 @@ private:
     --idle_count_;
   }
 
+  /// A wholly free chunk far larger than the request (more than three times, and by more than max_chunk)
+  /// is worth more handed back than carved: the block would pin all of it, and the next request of the
+  /// chunk's own size would grow the pool. Growth hands it back first, then takes a chunk sized to this one.
+  bool too_large_to_carve(const block* b, std::size_t needed) const noexcept
+  {
+    if (!opts_.return_free_chunks || !whole_chunk(b)) return false;
+    const std::size_t slack = b->size - needed;
+    return slack > std::max(opts_.max_chunk, opts_.chunk_granularity) && slack / 2 > needed;
+  }
+
   void ensure_spares()
   {
     while (spares_ < spare_count) spare_[spares_++] = nodes_.make();
@@ -326,13 +337,13 @@ private:
   /// Adds a chunk holding at least `needed` bytes, after handing the wholly free chunks back (they are
   /// kept aside and taken again if the growth fails: see abandon_growth). Returns the chunk's one free
   /// block. Until commit_growth or abandon_growth, the growth can be undone. Strong guarantee.
-  block* grow(std::size_t needed, std::size_t bytes, unsigned band)
+  block* grow(std::size_t needed, std::size_t bytes, unsigned band, block* retire_first)
   {
     // The new chunk's map node is made now, so that nothing can fail once memory has moved.
     auto entry = chunks_.extract(chunks_.emplace(0, chunk_info{}).first);
     if (opts_.return_free_chunks && idle_count_ > 0) {
       retired_.reserve(idle_count_);
-      retire_free_chunks();
+      retire_free_chunks(chunk_size_for(needed, band), retire_first);
     }
     if (needed > opts_.max_reserved || reserved_ > opts_.max_reserved - needed) {
       restore_retired();
@@ -371,15 +382,19 @@ private:
     return b;
   }
 
-  /// Hands every wholly free chunk back to the upstream, keeping its map entry and node aside.
-  void retire_free_chunks() noexcept
+  /// Hands wholly free chunks back to the upstream, keeping their map entries and nodes aside, until
+  /// `enough` bytes went back (the size of the chunk about to be taken: the pool does not grow then).
+  /// Handing back more would only make later growths take them again.
+  void retire_free_chunks(std::size_t enough, block* first) noexcept
   {
-    while (idle_head_ != nullptr) {
-      block* b = idle_head_;
+    std::size_t retired = 0;
+    while (idle_head_ != nullptr && retired < enough) {
+      block* b = first != nullptr ? std::exchange(first, nullptr) : idle_head_;
       remove_free(b);
       auto entry = chunks_.extract(b->address);
       upstream_.deallocate(reinterpret_cast<void*>(b->address), entry.mapped().size, entry.mapped().alignment);
       reserved_ -= entry.mapped().size;
+      retired += entry.mapped().size;
       retired_.push_back(std::move(entry));  // capacity reserved by the caller
     }
   }
