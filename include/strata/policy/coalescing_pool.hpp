@@ -353,16 +353,13 @@ private:
     size = std::max(needed, std::min(size, (opts_.max_reserved - reserved_) / granule * granule));
     void* p = nullptr;
     try {
-      p = upstream_.allocate(size, chunk_alignment(size));
+      p = take_chunk(size, needed);
     } catch (const out_of_memory&) {
-      try {
-        if (size == needed) throw;
-        size = needed;
-        p = upstream_.allocate(size, chunk_alignment(size));
-      } catch (const out_of_memory&) {
-        restore_retired();
-        throw_oom(bytes);
-      }
+      restore_retired();
+      throw_oom(bytes);
+    } catch (...) {  // anything else the upstream throws (a cuda_error, a host bad_alloc) passes through
+      restore_retired();
+      throw;
     }
     const auto base = reinterpret_cast<std::uintptr_t>(p);
     block* b = take_spare();
@@ -380,6 +377,19 @@ private:
       next_chunk_ = align_up(static_cast<std::size_t>(std::min(grown, static_cast<double>(opts_.max_chunk))), granule);
     }
     return b;
+  }
+
+  /// A chunk of `size` bytes from the upstream or, when it refuses that, of exactly `needed`; sets `size`.
+  void* take_chunk(std::size_t& size, std::size_t needed)
+  {
+    try {
+      return upstream_.allocate(size, chunk_alignment(size));
+    } catch (const out_of_memory&) {
+      if (size == needed) throw;
+    }
+    void* p = upstream_.allocate(needed, chunk_alignment(needed));
+    size = needed;
+    return p;
   }
 
   /// Hands wholly free chunks back to the upstream, keeping their map entries and nodes aside, until
