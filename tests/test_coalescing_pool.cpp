@@ -1,5 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <tuple>
+#include <vector>
+
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/host_source.hpp>
 #include <strata/source/simulated_source.hpp>
@@ -388,4 +395,135 @@ TEST_CASE("coalescing_pool: a refused growth takes the chunks it handed back aga
   pool.deallocate(kept, 4096);
   pool.release();
   CHECK(upstream.outstanding_bytes() == 0);
+}
+
+// A local host-fault hook (issue 14 item 6), until the shared fault injector of tests/support/ reaches this
+// branch: while armed on this thread, the N-th host allocation from now throws std::bad_alloc. Unarmed, the
+// replaced operator new is plain malloc.
+namespace {
+thread_local long host_allocations_before_failure = -1;  // -1: unarmed
+thread_local bool host_failure_fired = false;
+
+class host_fault {
+public:
+  explicit host_fault(long n) noexcept
+  {
+    host_allocations_before_failure = n;
+    host_failure_fired = false;
+  }
+  ~host_fault() { host_allocations_before_failure = -1; }
+  host_fault(const host_fault&) = delete;
+  host_fault& operator=(const host_fault&) = delete;
+};
+} // namespace
+
+void* operator new(std::size_t n)
+{
+  if (host_allocations_before_failure >= 0 && host_allocations_before_failure-- == 0) {
+    host_failure_fired = true;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+/// An upstream that allocates no host memory itself (addresses from a bump pointer, counters only), so every
+/// host allocation the hook sees is the pool's own.
+class bump_source {
+public:
+  static constexpr std::size_t max_alignment = std::size_t{1} << 30;
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    next_ = (next_ + alignment - 1) / alignment * alignment;
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += bytes;
+    outstanding_bytes_ += bytes;
+    ++outstanding_blocks_;
+    return p;
+  }
+  void deallocate(void*, std::size_t bytes, std::size_t = default_alignment) noexcept
+  {
+    outstanding_bytes_ -= bytes;
+    --outstanding_blocks_;
+  }
+  std::size_t outstanding_bytes() const noexcept { return outstanding_bytes_; }
+  std::size_t outstanding_blocks() const noexcept { return outstanding_blocks_; }
+  friend bool operator==(const bump_source& a, const bump_source& b) noexcept { return &a == &b; }
+
+private:
+  std::uintptr_t next_ = std::uintptr_t{1} << 40;
+  std::size_t outstanding_bytes_ = 0;
+  std::size_t outstanding_blocks_ = 0;
+};
+
+/// What must not change when an allocate throws: usage, every chunk's layout (chunks a failed growth took
+/// again may sit at new addresses, so offsets and sizes only), the upstream's count.
+template <class Pool>
+auto observable_state(const Pool& pool, const bump_source& upstream)
+{
+  std::vector<std::vector<std::tuple<std::size_t, std::size_t, bool>>> layout;
+  for (const auto& seg : pool.snapshot().segments) {
+    layout.emplace_back();
+    for (const auto& b : seg.blocks) layout.back().emplace_back(b.offset, b.size, b.free);
+  }
+  std::sort(layout.begin(), layout.end());
+  return std::tuple(pool.usage(), layout, upstream.outstanding_bytes(), upstream.outstanding_blocks());
+}
+} // namespace
+
+TEST_CASE("coalescing_pool: a host bad_alloc anywhere in allocate leaves the pool exactly as it was")
+{
+  using pool_type = coalescing_pool<ref<bump_source>>;
+  auto run = [](pool_type::options opts) {
+    bump_source upstream;
+    pool_type pool{ref(upstream), opts};
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> log_size(8, 27);  // 256 B .. 128 MiB
+    std::vector<std::tuple<void*, std::size_t, std::size_t>> live;
+    std::size_t faults = 0, allocations = 0;
+    for (int step = 0; step < 3000; ++step) {
+      if (!live.empty() && (live.size() >= 300 || rng() % 2 == 0)) {
+        const std::size_t i = rng() % live.size();
+        auto [p, bytes, alignment] = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        pool.deallocate(p, bytes, alignment);
+        continue;
+      }
+      const auto bytes = static_cast<std::size_t>(std::exp2(log_size(rng)));
+      const std::size_t alignment = rng() % 10 == 0 ? std::size_t{1} << (8 + rng() % 13) : 256;
+      for (long n = 0;; ++n) {
+        const auto before = observable_state(pool, upstream);
+        void* p = nullptr;
+        bool threw = false;
+        {
+          host_fault fault(n);
+          try {
+            p = pool.allocate(bytes, alignment);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+        }
+        if (!threw) {
+          REQUIRE(p != nullptr);
+          live.emplace_back(p, bytes, alignment);
+          ++allocations;
+          break;
+        }
+        REQUIRE(host_failure_fired);
+        ++faults;
+        REQUIRE(observable_state(pool, upstream) == before);
+      }
+    }
+    for (auto [p, bytes, alignment] : live) pool.deallocate(p, bytes, alignment);
+    pool.release();
+    CHECK(upstream.outstanding_bytes() == 0);
+    CHECK(allocations > 1000);
+    CHECK(faults > 50);  // the hook found host allocations to fail: map nodes, slabs, rehashes
+  };
+  SUBCASE("defaults: small and large apart, free chunks handed back before growth") { run({}); }
+  SUBCASE("one set of lists, small chunks") { run(plain<pool_type>(1 << 20, 8 << 20)); }
 }
