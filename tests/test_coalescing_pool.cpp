@@ -338,6 +338,16 @@ TEST_CASE("coalescing_pool: chunks are sized to the need")
     odd.deallocate(b, 4 * MiB);
     odd.deallocate(c, 7 * MiB);
   }
+  SUBCASE("an initial_chunk above max_chunk is honoured: every large chunk is that size")
+  {
+    pool_over_spy first{ref(upstream), {.initial_chunk = 64 * MiB}};
+    void* a = first.allocate(MiB);
+    void* b = first.allocate(63 * MiB);
+    void* c = first.allocate(MiB);
+    CHECK(chunk_sizes(first) == std::vector<std::size_t>{64 * MiB, 64 * MiB});
+    for (void* p : {a, c}) first.deallocate(p, MiB);
+    first.deallocate(b, 63 * MiB);
+  }
   for (auto [p, n] : blocks) pool.deallocate(p, n);
 }
 
@@ -345,7 +355,7 @@ TEST_CASE("coalescing_pool: bad options are refused, naming the value")
 {
   using opts = pool_over_spy::options;
   spy<simulated_source> upstream;
-  CHECK_THROWS_AS(pool_over_spy(ref(upstream), opts{.chunk_granularity = 0}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(pool_over_spy(ref(upstream), opts{.chunk_granularity = 0}), doctest::Contains("chunk_granularity 0"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(pool_over_spy(ref(upstream), opts{.small_chunk = 0}), doctest::Contains("small_chunk 0"), std::invalid_argument);
   CHECK_NOTHROW(pool_over_spy(ref(upstream), opts{.small_limit = 0, .small_chunk = 0}));
 }

@@ -31,15 +31,16 @@ namespace strata {
 /// its free address neighbours inside its chunk at once. Block headers live in host memory (never in the
 /// memory handed out).
 ///
-/// Built to hold no more than it must (issue 13): small requests (up to `small_limit`) are carved from small
-/// chunks of their own, apart from large ones, since mixing them pins large free ranges with small live
-/// blocks; a search first looks (boundedly) through the request's own list, so a free block of exactly the
-/// requested size is used rather than growing beside it; before the pool grows it hands every wholly free
-/// chunk back to the upstream; new chunks are sized to the need (small chunks of one size; large chunks
-/// grow geometrically up to `max_chunk`, and a larger request gets a chunk of its own size), rounded to
-/// `chunk_granularity`, which defaults to the 2 MiB that cudaMalloc takes for any request that large anyway.
-/// When the upstream refuses a chunk, the smallest chunk that fits is tried before giving up.
-/// release() returns every wholly free chunk.
+/// Built to hold no more than it must (issue 13). Small requests (up to `small_limit`) are carved from small
+/// chunks of their own, since small live blocks scattered through large free ranges pin them. A search looks
+/// first through (at most `exact_fit_scan` blocks of) the request's own list, so a free block of exactly the
+/// requested size is used rather than growing beside it. Before the pool grows it hands wholly free chunks
+/// back to the upstream, as many as the new chunk holds, and a wholly free chunk far larger than a request
+/// is handed back rather than carved. New chunks are sized to the need: small chunks all of `small_chunk`;
+/// large ones grow geometrically from `initial_chunk` up to `max_chunk`, and a larger request gets a chunk
+/// of its own size; every size rounded up to `chunk_granularity`, by default the 2 MiB that cudaMalloc takes
+/// for any request that large anyway. When the upstream refuses a chunk, the smallest chunk that fits is
+/// tried before giving up. release() returns every wholly free chunk.
 ///
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
 /// Any power-of-two alignment up to max(max_chunk, 1 GiB). Cost: O(1) allocate and free (bit scans, a scan
@@ -55,7 +56,8 @@ class coalescing_pool : public forward_properties<coalescing_pool<Upstream>, Ups
 public:
   struct options {
     std::size_t initial_chunk = std::size_t{2} << 20;  ///< the first chunk for large requests; then geometric
-    std::size_t max_chunk = std::size_t{32} << 20;     ///< growth stops here (a larger request gets its own chunk)
+    std::size_t max_chunk = std::size_t{32} << 20;     ///< growth stops here, or at initial_chunk if larger
+                                                       ///< (a larger request gets a chunk of its own size)
     std::size_t max_reserved = SIZE_MAX;               ///< never hold more than this from the upstream
     double growth_factor = 2.0;                        ///< each new large chunk is this times the last (>= 1)
     std::size_t small_limit = std::size_t{256} << 10;  ///< requests up to this use small chunks only (0: no split)
@@ -70,10 +72,12 @@ public:
   {
     if (opts.initial_chunk == 0 || opts.max_chunk == 0 || !(opts.growth_factor >= 1.0))
       throw std::invalid_argument("coalescing_pool: initial_chunk and max_chunk must be positive, growth_factor >= 1");
-    if (opts.chunk_granularity == 0 || opts.chunk_granularity > max_request || (opts.small_limit > 0 && opts.small_chunk == 0))
-      throw std::invalid_argument("coalescing_pool: chunk_granularity " + std::to_string(opts.chunk_granularity) + " and small_chunk " +
-                                  std::to_string(opts.small_chunk) + " must be positive");
+    if (opts.chunk_granularity == 0 || opts.chunk_granularity > max_request)
+      throw std::invalid_argument("coalescing_pool: chunk_granularity " + std::to_string(opts.chunk_granularity) + " must be in 1 .. 2^56");
+    if (opts.small_limit > 0 && opts.small_chunk == 0)
+      throw std::invalid_argument("coalescing_pool: small_chunk 0 with small_limit " + std::to_string(opts.small_limit) + ": small chunks must hold something");
     opts_.chunk_granularity = align_up(opts.chunk_granularity, granule);
+    opts_.max_chunk = std::max(opts.max_chunk, opts.initial_chunk);  // a first chunk asked for is honoured
     next_chunk_ = first_chunk();
   }
 
@@ -150,14 +154,15 @@ public:
     return bytes > max_request ? SIZE_MAX : align_up(bytes, granule);
   }
 
-  /// Whether a free block could serve the request now (false may be pessimistic when the request's own
-  /// list holds more than exact_fit_scan blocks).
+  /// Whether allocate would serve the request without taking a chunk from the upstream (false may be
+  /// pessimistic when the request's own list holds more than exact_fit_scan blocks).
   bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
   {
     if (bytes == 0) return true;
     if (bytes > max_request) return false;
     const std::size_t search = align_up(bytes, granule) + (effective_alignment(alignment) - granule);
-    return bands_[band_for(search)].find(search, opts_.exact_fit_scan) != nullptr;
+    const block* b = bands_[band_for(search)].find(search, opts_.exact_fit_scan);
+    return b != nullptr && !too_large_to_carve(b, search);
   }
 
   bool owns(const void* p) const noexcept
