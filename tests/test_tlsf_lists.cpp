@@ -83,3 +83,29 @@ TEST_CASE("tlsf_lists: every size small and large, filed and found again")
   CHECK(lists.count() == 0);
   CHECK(lists.find(tlsf::granule, 64) == nullptr);
 }
+
+namespace {
+struct cheap_node {
+  std::size_t size = 0;
+  cheap_node* free_prev = nullptr;
+  cheap_node* free_next = nullptr;
+  std::size_t cost = 0;
+};
+} // namespace
+
+TEST_CASE("tlsf_lists::find_cheapest prefers the lowest cost within its budget")
+{
+  tlsf_lists<cheap_node> index;
+  cheap_node a{.size = 1 << 20, .cost = 3}, b{.size = 2 << 20, .cost = 1}, c{.size = 4 << 20, .cost = 0}, tiny{.size = 4096, .cost = 0};
+  for (cheap_node* n : {&a, &b, &c, &tiny}) index.insert(n);
+  const auto cost = [](const cheap_node* n) { return n->cost; };
+  CHECK(index.find_cheapest(1 << 20, 16, cost) == &c);  // walks up to the free one
+  CHECK(index.find_cheapest(1 << 20, 2, cost) == &b);   // budget of two: a, then b
+  CHECK(index.find_cheapest(1 << 20, 1, cost) == &a);
+  CHECK(index.find_cheapest(8 << 20, 16, cost) == nullptr);
+  // Blocks of the request's own list that are too small use up the budget but never stop the search empty.
+  cheap_node small_same_list{.size = (1 << 20) - 4096, .cost = 0};
+  index.remove(&a);
+  index.insert(&small_same_list);
+  CHECK(index.find_cheapest((1 << 20) - 256, 1, cost) != nullptr);
+}

@@ -58,6 +58,43 @@ public:
     return first_at_or_above(tlsf::mapping_search(granules));
   }
 
+  /// Of the first `budget` blocks that fit `bytes` (the request's own list first, then every list above it in
+  /// order), the one `cost` rates lowest; the walk stops early at a cost of zero. Null when none fits. O(budget).
+  template <class Cost>
+  Node* find_cheapest(std::size_t bytes, int budget, Cost&& cost) const
+  {
+    Node* best = nullptr;
+    std::size_t best_cost = SIZE_MAX;
+    auto consider = [&](Node* b) {
+      const std::size_t c = cost(b);
+      if (c < best_cost) {
+        best = b;
+        best_cost = c;
+      }
+      return c == 0 || --budget <= 0;
+    };
+    const tlsf::list_index own = tlsf::mapping_insert(bytes / tlsf::granule);
+    if (own.first >= tlsf::first_level_count) return nullptr;
+    for (Node* b = heads_[own.first][own.second]; b != nullptr; b = b->free_next) {
+      if (b->size >= bytes ? consider(b) : (--budget <= 0 && best != nullptr)) return best;
+    }
+    tlsf::list_index i = tlsf::mapping_search(bytes / tlsf::granule);
+    if (i == own && ++i.second == tlsf::second_level_count) {  // own list already walked
+      i.second = 0;
+      ++i.first;
+    }
+    for (unsigned first = i.first; first < tlsf::first_level_count; ++first) {
+      std::uint32_t lists = second_bits_[first];
+      if (first == i.first) lists = i.second < 32 ? lists & (~std::uint32_t{0} << i.second) : 0;
+      for (; lists != 0; lists &= lists - 1) {
+        const auto second = static_cast<unsigned>(std::countr_zero(lists));
+        for (Node* b = heads_[first][second]; b != nullptr; b = b->free_next)
+          if (consider(b)) return best;
+      }
+    }
+    return best;
+  }
+
   std::size_t count() const noexcept { return count_; }
 
   /// The size of the largest free block: the top non-empty list, scanned (a report, not the hot path).
