@@ -14,6 +14,7 @@
 
 #include <strata/adaptor/fallback.hpp>
 #include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/prefetch.hpp>
 #include <strata/adaptor/recorder.hpp>
 #include <strata/adaptor/retry_on_oom.hpp>
 #include <strata/adaptor/segregator.hpp>
@@ -451,6 +452,7 @@ static_assert(assignable<thread_cached<movable_pool>> && assignable<thread_cache
 static_assert(assignable<segregator<4096, movable_pool, movable_pool>>);
 static_assert(!std::is_move_assignable_v<segregator<4096, movable_pool, pinned_box>>);
 static_assert(assignable<fallback<movable_pool, host_source>> && !std::is_move_assignable_v<fallback<movable_pool, pinned_box>>);
+static_assert(assignable<prefetch<movable_pool>> && !std::is_move_assignable_v<prefetch<pinned_box>>);
 
 TEST_CASE("adaptors: move-assignment hands the blocks over, also inside stream_ordered")
 {
