@@ -13,13 +13,18 @@ int run(Source source, bool on_gpu)
   void* b = pool.allocate(10 << 20, 4096);   // any power-of-two alignment
   examples::touch(a, 1000, on_gpu);
   examples::touch(b, 10 << 20, on_gpu);
+  examples::expect(strata::is_aligned(a, 256) && strata::is_aligned(b, 4096), "blocks aligned as asked");
   pool.deallocate(a, 1000);
   const strata::usage u = pool.usage();
   std::printf("reserved %zu bytes in %zu chunk(s), %zu in use, largest free block %zu, fragmentation %.3f\n",
               u.reserved, u.chunks, u.in_use, u.largest_free, u.fragmentation());
+  examples::expect(u.in_use == 10 << 20 && u.chunks == 1, "one 64 MiB chunk holds the 10 MiB block still in use");
   pool.deallocate(b, 10 << 20, 4096);
-  std::printf("after the frees: %zu bytes in use; release() hands back %zu bytes\n", pool.usage().in_use, pool.release());
-  return 0;
+  const std::size_t reserved = pool.usage().reserved;
+  const std::size_t returned = pool.release();
+  std::printf("after the frees: %zu bytes in use; release() hands back %zu bytes\n", pool.usage().in_use, returned);
+  examples::expect(returned == reserved && pool.usage().reserved == 0, "release() hands back everything");
+  return examples::status();
 }
 
 int main()
