@@ -39,4 +39,13 @@ inline void expect(bool ok, const char* what)
 }
 inline int status() { return failures == 0 ? 0 : 1; }
 
+/// A CUDA call that must succeed for the example to mean anything.
+inline void check(cudaError_t status, const char* call)
+{
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s failed: %s\n", call, cudaGetErrorString(status));
+    ++failures;
+  }
+}
+
 } // namespace examples
