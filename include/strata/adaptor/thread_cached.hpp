@@ -11,6 +11,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/properties.hpp>
@@ -278,7 +279,7 @@ private:
 namespace detail::thread_cached_claims {
 using T = thread_cached<archetype_resource>;
 static_assert(resource<T> && !stream_resource<T> && !owning_resource<T> && !sized_resource<T>);
-static_assert(cuda::mr::resource_with<T, device_accessible> && answers_to_cccl31_names<T>);
+static_assert(cccl::synchronous_resource_with<T, device_accessible>);
 } // namespace detail::thread_cached_claims
 
 } // namespace strata
