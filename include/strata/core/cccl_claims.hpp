@@ -15,9 +15,15 @@
 // Under 3.0 the concepts also demand the 3.1 names (allocate_sync, stream-first allocate): a box that
 // passes its claims there already has what 3.1 asks for, so a user who upgrades CCCL breaks nothing.
 //
+// From 3.2 on, CCCL's wrappers (resource_ref, synchronous_resource_ref, any_resource) take copyable
+// resources only, and strata's pools are move-only by design: hand them a strata::ref to the pool (copyable;
+// the pool must outlive it), or use strata::any_resource. STRATA_CCCL_WRAPPERS_NEED_COPYABLE says which.
+//
 // The opt-in switch: 3.0 hides all of cuda::mr behind LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE,
 // 3.1 only the resource_ref types, and 3.5 has no switch (config.hpp defines it for the first two; the
 // later generations ignore it).
+#include <cstddef>
+
 #include <cuda/version>
 
 #include <strata/core/cccl_names.hpp>
@@ -36,6 +42,14 @@
 #define STRATA_CCCL_STREAM_FIRST_MR 1
 #else
 #define STRATA_CCCL_STREAM_FIRST_MR 0
+#endif
+
+/// 1 when cuda::mr's resource_ref and any_resource accept only copyable resources (CCCL 3.2+): a move-only
+/// strata box goes to them as a strata::ref.
+#if CCCL_MAJOR_VERSION > 3 || CCCL_MINOR_VERSION >= 2
+#define STRATA_CCCL_WRAPPERS_NEED_COPYABLE 1
+#else
+#define STRATA_CCCL_WRAPPERS_NEED_COPYABLE 0
 #endif
 
 namespace strata::cccl {
@@ -77,5 +91,44 @@ template <class... Properties>
 using stream_resource_ref = cuda::mr::async_resource_ref<Properties...>;
 
 #endif
+
+/// Calls on CCCL's own wrappers (the references above, cuda::mr's any_resource), which answer only to their
+/// generation's names; strata's boxes answer to both and need none of these.
+template <class R>
+void* allocate_sync(R& r, std::size_t bytes, std::size_t alignment)
+{
+#if STRATA_CCCL_STREAM_FIRST_MR
+  return r.allocate_sync(bytes, alignment);
+#else
+  return r.allocate(bytes, alignment);
+#endif
+}
+template <class R>
+void deallocate_sync(R& r, void* p, std::size_t bytes, std::size_t alignment) noexcept
+{
+#if STRATA_CCCL_STREAM_FIRST_MR
+  r.deallocate_sync(p, bytes, alignment);
+#else
+  r.deallocate(p, bytes, alignment);
+#endif
+}
+template <class R>
+void* allocate(R& r, cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+{
+#if STRATA_CCCL_STREAM_FIRST_MR
+  return r.allocate(stream, bytes, alignment);
+#else
+  return r.allocate_async(bytes, alignment, stream);
+#endif
+}
+template <class R>
+void deallocate(R& r, cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment) noexcept
+{
+#if STRATA_CCCL_STREAM_FIRST_MR
+  r.deallocate(stream, p, bytes, alignment);
+#else
+  r.deallocate_async(p, bytes, alignment, stream);
+#endif
+}
 
 } // namespace strata::cccl
