@@ -159,6 +159,14 @@ TEST_CASE("cuda::mr references wrap strata boxes")
   CHECK(pool.owns(p));
   cccl::deallocate_sync(r, p, 1000, 256);
   CHECK(pool.usage().in_use == 0);
+#if STRATA_CCCL_WRAPPERS_NEED_COPYABLE
+  // CCCL's owning wrapper (3.2+) holds a copy of the handle; the pool stays where it is.
+  cuda::mr::any_synchronous_resource<host_accessible> held{handle};
+  void* w = held.allocate_sync(500, 256);
+  CHECK(pool.owns(w));
+  held.deallocate_sync(w, 500, 256);
+  CHECK(pool.usage().in_use == 0);
+#endif
 
   simulated_streams world;
   stream_ordered<host_pool, simulated_events> layer{host_pool{}, {}, simulated_events(world)};
