@@ -20,8 +20,8 @@
 // the pool must outlive it), or use strata::any_resource. STRATA_CCCL_WRAPPERS_NEED_COPYABLE says which.
 //
 // The opt-in switch: 3.0 hides all of cuda::mr behind LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE,
-// 3.1 only the resource_ref types, and 3.5 has no switch (config.hpp defines it for the first two; the
-// later generations ignore it).
+// 3.1 only the resource_ref types, and 3.2 onwards have no switch (config.hpp defines it for the first two;
+// the later generations ignore it).
 #include <cstddef>
 
 #include <cuda/version>
