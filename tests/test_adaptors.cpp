@@ -53,7 +53,7 @@ static_assert(owning_resource<statistics<host_pool>> && usage_reporting_resource
 static_assert(!owning_resource<statistics<host_source>>);
 static_assert(releasable_resource<tracking<host_pool>> && sized_resource<recorder<host_pool>>);
 static_assert(stream_resource<retry_on_oom<stream_ordered<host_pool>>>);
-static_assert(cuda::mr::async_resource<statistics<stream_ordered<host_pool>>>);
+static_assert(cccl::stream_resource<statistics<stream_ordered<host_pool>>>);
 
 TEST_CASE("adaptors conform")
 {

@@ -22,7 +22,7 @@ struct small_alignment_host : host_source {
 static_assert(resource<buddy_pool<host_source>> && owning_resource<buddy_pool<host_source>>);
 static_assert(sized_resource<buddy_pool<host_source>> && releasable_resource<buddy_pool<host_source>>);
 static_assert(usage_reporting_resource<buddy_pool<host_source>> && snapshot_resource<buddy_pool<host_source>>);
-static_assert(cuda::mr::resource_with<buddy_pool<device_source>, device_accessible>);
+static_assert(cccl::synchronous_resource_with<buddy_pool<device_source>, device_accessible>);
 
 TEST_CASE("buddy_pool conforms")
 {

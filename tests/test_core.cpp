@@ -131,9 +131,9 @@ TEST_CASE("ref shares one box and forwards its capabilities")
 TEST_CASE("cuda::mr::resource_ref wraps a strata resource")
 {
   strata::host_source host;
-  cuda::mr::resource_ref<cuda::mr::host_accessible> r{host};
-  void* p = r.allocate(100, 256);
+  strata::cccl::synchronous_resource_ref<cuda::mr::host_accessible> r{host};
+  void* p = strata::cccl::allocate_sync(r, 100, 256);
   REQUIRE(p != nullptr);
   std::memset(p, 1, 100);
-  r.deallocate(p, 100, 256);
+  strata::cccl::deallocate_sync(r, p, 100, 256);
 }

@@ -114,7 +114,7 @@ static_assert(sized_resource<stream_ordered<coalescing_pool<host_source>>>);
 static_assert(usage_reporting_resource<stream_ordered<coalescing_pool<host_source>>>);
 static_assert(!owning_resource<stream_ordered<host_source>> && !sized_resource<stream_ordered<host_source>>);
 static_assert(has_property<stream_ordered<coalescing_pool<host_source>>, host_accessible>);
-static_assert(cuda::mr::async_resource<stream_ordered<coalescing_pool<host_source>>>);
+static_assert(cccl::stream_resource<stream_ordered<coalescing_pool<host_source>>>);
 static_assert(!stream_resource<coalescing_pool<host_source>>);
 
 TEST_CASE("stream_ordered conforms (synchronous path on the simulated default stream)")

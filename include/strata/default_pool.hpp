@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <strata/core/cccl_claims.hpp>
+
 #include <strata/pages/driver_pages.hpp>
 #include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
@@ -47,5 +49,8 @@ inline default_pool make_default_pool(const default_pool_options& o = {})
   opts.max_physical = std::min(o.max_physical, static_cast<std::size_t>(o.max_fraction * static_cast<double>(total_bytes)));
   return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers}, opts}};
 }
+
+static_assert(stream_resource<default_pool> && cccl::stream_resource_with<default_pool, device_accessible>);
+static_assert(!has_property<default_pool, host_accessible> && !has_property<planning_pool, device_accessible>);
 
 } // namespace strata

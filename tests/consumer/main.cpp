@@ -11,7 +11,7 @@ int main()
   if (p == nullptr || !strata::is_aligned(p, 4096)) return 1;
   std::memset(p, 0, 1000);
   host.deallocate(p, 1000, 4096);
-  static_assert(cuda::mr::resource_with<strata::device_source, cuda::mr::device_accessible>);
+  static_assert(strata::cccl::synchronous_resource_with<strata::device_source, cuda::mr::device_accessible>);
   std::puts("consumer: strata works");
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include <strata/core/ref.hpp>
 #include <strata/source/async_source.hpp>
 #include <strata/source/device_source.hpp>
 #include <strata/source/managed_source.hpp>
@@ -147,21 +148,22 @@ TEST_CASE("cuda::mr::resource_ref wraps each GPU source")
   managed_source managed;
   pinned_source pinned;
   async_source async;
-  cuda::mr::resource_ref<cuda::mr::device_accessible> refs[] = {device, managed, pinned, async};
+  ref<async_source> async_handle{async};  // CCCL 3.2+ wrappers hold copyable resources; async_source is move-only
+  strata::cccl::synchronous_resource_ref<cuda::mr::device_accessible> refs[] = {device, managed, pinned, async_handle};
   for (auto& r : refs) {
-    void* p = r.allocate(4096, 256);
+    void* p = strata::cccl::allocate_sync(r, 4096, 256);
     check_device_round_trip(p, 4096);
-    r.deallocate(p, 4096, 256);
+    strata::cccl::deallocate_sync(r, p, 4096, 256);
   }
-  cuda::mr::resource_ref<cuda::mr::host_accessible, cuda::mr::device_accessible> both[] = {managed, pinned};
+  strata::cccl::synchronous_resource_ref<cuda::mr::host_accessible, cuda::mr::device_accessible> both[] = {managed, pinned};
   for (auto& r : both) {
-    void* p = r.allocate(4096, 256);
+    void* p = strata::cccl::allocate_sync(r, 4096, 256);
     std::memset(p, 0, 4096);
-    r.deallocate(p, 4096, 256);
+    strata::cccl::deallocate_sync(r, p, 4096, 256);
   }
-  cuda::mr::async_resource_ref<cuda::mr::device_accessible> stream_ref{async};
-  void* p = stream_ref.allocate_async(4096, 256, cuda::stream_ref{cudaStreamLegacy});
-  stream_ref.deallocate_async(p, 4096, 256, cuda::stream_ref{cudaStreamLegacy});
+  strata::cccl::stream_resource_ref<cuda::mr::device_accessible> stream_ref{async_handle};
+  void* p = strata::cccl::allocate(stream_ref, cuda::stream_ref{cudaStreamLegacy}, 4096, 256);
+  strata::cccl::deallocate(stream_ref, cuda::stream_ref{cudaStreamLegacy}, p, 4096, 256);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 }
 }

@@ -14,6 +14,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -230,7 +231,7 @@ private:
 namespace detail::checked_claims {
 using C = checked<archetype_resource>;
 static_assert(!resource<C>, "checked's frees throw: not a strata::resource, by design");
-static_assert(cuda::mr::resource_with<C, device_accessible>);
+static_assert(cccl::synchronous_resource_with<C, device_accessible>);
 } // namespace detail::checked_claims
 
 } // namespace strata

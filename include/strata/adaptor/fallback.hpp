@@ -9,6 +9,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -162,7 +163,7 @@ struct owning_archetype : archetype_resource {
 };
 using F = fallback<owning_archetype, archetype_resource>;
 static_assert(resource<F> && !stream_resource<F> && !owning_resource<F>);
-static_assert(cuda::mr::resource_with<F, device_accessible> && answers_to_cccl31_names<F>);
+static_assert(cccl::synchronous_resource_with<F, device_accessible>);
 static_assert(owning_resource<fallback<owning_archetype, owning_archetype>>);
 } // namespace detail::fallback_claims
 

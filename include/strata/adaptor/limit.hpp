@@ -8,6 +8,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/detail/adaptor_base.hpp>
@@ -151,7 +152,7 @@ private:
 namespace detail::limit_claims {
 using L = limit<archetype_resource>;
 static_assert(resource<L> && !stream_resource<L> && !owning_resource<L>);
-static_assert(cuda::mr::resource_with<L, device_accessible> && answers_to_cccl31_names<L>);
+static_assert(cccl::synchronous_resource_with<L, device_accessible>);
 static_assert(!std::is_copy_constructible_v<L> && std::is_nothrow_move_constructible_v<L> && std::is_nothrow_move_assignable_v<L>);
 } // namespace detail::limit_claims
 

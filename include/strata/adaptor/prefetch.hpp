@@ -8,6 +8,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/detail/adaptor_base.hpp>
@@ -205,7 +206,7 @@ private:
 namespace detail::prefetch_claims {
 using P = prefetch<archetype_resource>;
 static_assert(stream_resource<P> && answers_to_cccl31_stream_names<P>);
-static_assert(cuda::mr::async_resource_with<P, device_accessible>);
+static_assert(cccl::stream_resource_with<P, device_accessible>);
 } // namespace detail::prefetch_claims
 
 } // namespace strata

@@ -13,6 +13,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/detail/adaptor_base.hpp>
@@ -166,7 +167,7 @@ private:
 namespace detail::recorder_claims {
 using R = recorder<archetype_resource>;
 static_assert(resource<R> && !stream_resource<R> && answers_to_cccl31_names<R>);
-static_assert(cuda::mr::resource_with<R, device_accessible>);
+static_assert(cccl::synchronous_resource_with<R, device_accessible>);
 } // namespace detail::recorder_claims
 
 } // namespace strata

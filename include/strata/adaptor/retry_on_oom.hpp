@@ -9,6 +9,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/detail/adaptor_base.hpp>
 
@@ -106,7 +107,7 @@ private:
 namespace detail::retry_on_oom_claims {
 using R = retry_on_oom<archetype_resource>;
 static_assert(resource<R> && !stream_resource<R> && answers_to_cccl31_names<R>);
-static_assert(cuda::mr::resource_with<R, device_accessible>);
+static_assert(cccl::synchronous_resource_with<R, device_accessible>);
 } // namespace detail::retry_on_oom_claims
 
 } // namespace strata

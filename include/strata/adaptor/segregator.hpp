@@ -5,6 +5,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/properties.hpp>
@@ -95,7 +96,7 @@ private:
 namespace detail::segregator_claims {
 using S = segregator<4096, archetype_resource, archetype_resource>;
 static_assert(resource<S> && !stream_resource<S> && !owning_resource<S> && !sized_resource<S>);
-static_assert(cuda::mr::resource_with<S, device_accessible> && answers_to_cccl31_names<S>);
+static_assert(cccl::synchronous_resource_with<S, device_accessible>);
 } // namespace detail::segregator_claims
 
 } // namespace strata

@@ -6,6 +6,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/properties.hpp>
@@ -118,7 +119,7 @@ private:
 namespace detail::synchronized_claims {
 using S = synchronized<archetype_resource>;
 static_assert(resource<S> && !stream_resource<S> && !owning_resource<S>);
-static_assert(cuda::mr::resource_with<S, device_accessible> && answers_to_cccl31_names<S>);
+static_assert(cccl::synchronous_resource_with<S, device_accessible>);
 static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S> && std::is_nothrow_move_assignable_v<S>);
 } // namespace detail::synchronized_claims
 

@@ -11,6 +11,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -405,7 +406,7 @@ private:
 namespace detail::thread_cached_claims {
 using T = thread_cached<archetype_resource>;
 static_assert(resource<T> && !stream_resource<T> && !owning_resource<T> && !sized_resource<T>);
-static_assert(cuda::mr::resource_with<T, device_accessible> && answers_to_cccl31_names<T>);
+static_assert(cccl::synchronous_resource_with<T, device_accessible>);
 static_assert(std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>);
 } // namespace detail::thread_cached_claims
 

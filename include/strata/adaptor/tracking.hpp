@@ -14,6 +14,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/detail/adaptor_base.hpp>
 
@@ -227,7 +228,7 @@ private:
 namespace detail::tracking_claims {
 using T = tracking<archetype_resource>;
 static_assert(resource<T> && !stream_resource<T> && answers_to_cccl31_names<T>);
-static_assert(cuda::mr::resource_with<T, device_accessible>);
+static_assert(cccl::synchronous_resource_with<T, device_accessible>);
 } // namespace detail::tracking_claims
 
 } // namespace strata

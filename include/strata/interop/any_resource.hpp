@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -136,18 +137,18 @@ private:
 /// non-template boundary as any_resource<device_accessible>. It accepts any strata box with at least the
 /// listed properties, and declares exactly those. Move-only and move-assignable; a moved-from any_resource is
 /// empty: it converts to false, frees are ignored, allocate throws usage_error.
-/// Models: resource (and cuda::mr::resource_with<Properties...>). Cost: one indirect call, then the box's.
+/// Models: resource (and cccl::synchronous_resource_with<Properties...>). Cost: one indirect call, then the box's.
 template <class... Properties>
 using any_resource = detail::basic_any_resource<false, Properties...>;
 
-/// The same for stream-ordered boxes: also stream_resource and cuda::mr::async_resource_with<Properties...>.
+/// The same for stream-ordered boxes: also stream_resource and cccl::stream_resource_with<Properties...>.
 template <class... Properties>
 using any_stream_resource = detail::basic_any_resource<true, Properties...>;
 
 static_assert(resource<any_resource<device_accessible>> && !stream_resource<any_resource<device_accessible>>);
-static_assert(cuda::mr::resource_with<any_resource<device_accessible>, device_accessible>);
+static_assert(cccl::synchronous_resource_with<any_resource<device_accessible>, device_accessible>);
 static_assert(!has_property<any_resource<device_accessible>, host_accessible>);
 static_assert(stream_resource<any_stream_resource<device_accessible>>);
-static_assert(cuda::mr::async_resource_with<any_stream_resource<device_accessible>, device_accessible>);
+static_assert(cccl::stream_resource_with<any_stream_resource<device_accessible>, device_accessible>);
 
 } // namespace strata

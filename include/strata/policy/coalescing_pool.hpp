@@ -12,6 +12,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -519,7 +520,7 @@ namespace detail::coalescing_pool_claims {
 using P = coalescing_pool<archetype_resource>;
 static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P> && snapshot_resource<P>);
 static_assert(room_reporting_resource<P>);
-static_assert(cuda::mr::resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // forwarded
+static_assert(cccl::synchronous_resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // forwarded
 static_assert(answers_to_cccl31_names<P> && !stream_resource<P>);
 static_assert(!std::is_copy_constructible_v<P> && std::is_nothrow_move_constructible_v<P>);
 } // namespace detail::coalescing_pool_claims

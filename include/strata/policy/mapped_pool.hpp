@@ -4,10 +4,13 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -628,5 +631,14 @@ private:
   std::size_t in_use_ = 0;
   std::size_t mappings_live_ = 0;
 };
+
+namespace detail::mapped_pool_claims {
+using P = mapped_pool<archetype_pages>;
+static_assert(page_backend<archetype_pages>);
+static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P>);
+static_assert(snapshot_resource<P> && room_reporting_resource<P> && !stream_resource<P>);
+static_assert(cccl::synchronous_resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // the backend's
+static_assert(!std::is_copy_constructible_v<P> && std::is_nothrow_move_constructible_v<P> && std::is_nothrow_move_assignable_v<P>);
+} // namespace detail::mapped_pool_claims
 
 } // namespace strata

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -153,7 +154,7 @@ private:
 };
 
 static_assert(stream_resource<async_source>);
-static_assert(cuda::mr::async_resource_with<async_source, device_accessible>);
+static_assert(cccl::stream_resource_with<async_source, device_accessible>);
 static_assert(answers_to_cccl31_stream_names<async_source>);
 
 } // namespace strata

@@ -2,6 +2,7 @@
 #include <cstddef>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -66,7 +67,7 @@ private:
   int device_;
 };
 
-static_assert(resource<device_source> && cuda::mr::resource_with<device_source, device_accessible>);
+static_assert(resource<device_source> && cccl::synchronous_resource_with<device_source, device_accessible>);
 static_assert(!has_property<device_source, host_accessible>);
 static_assert(answers_to_cccl31_names<device_source>);
 

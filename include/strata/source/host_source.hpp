@@ -4,6 +4,7 @@
 #include <new>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -51,7 +52,7 @@ public:
 
 static_assert(resource<host_source> && has_property<host_source, host_accessible>);
 static_assert(!has_property<host_source, device_accessible>);
-static_assert(cuda::mr::resource_with<host_source, host_accessible>);
+static_assert(cccl::synchronous_resource_with<host_source, host_accessible>);
 static_assert(answers_to_cccl31_names<host_source>);
 
 } // namespace strata

@@ -2,6 +2,7 @@
 #include <cstddef>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -39,7 +40,7 @@ public:
   friend constexpr void get_property(const managed_source&, host_accessible) noexcept {}
 };
 
-static_assert(cuda::mr::resource_with<managed_source, device_accessible, host_accessible>);
+static_assert(cccl::synchronous_resource_with<managed_source, device_accessible, host_accessible>);
 static_assert(answers_to_cccl31_names<managed_source>);
 
 } // namespace strata

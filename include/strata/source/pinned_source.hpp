@@ -2,6 +2,7 @@
 #include <cstddef>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -47,7 +48,7 @@ private:
   unsigned flags_;
 };
 
-static_assert(cuda::mr::resource_with<pinned_source, device_accessible, host_accessible>);
+static_assert(cccl::synchronous_resource_with<pinned_source, device_accessible, host_accessible>);
 static_assert(answers_to_cccl31_names<pinned_source>);
 
 } // namespace strata

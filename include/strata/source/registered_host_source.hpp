@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -163,7 +164,7 @@ private:
 };
 
 static_assert(resource<registered_host_source> && owning_resource<registered_host_source> && releasable_resource<registered_host_source>);
-static_assert(cuda::mr::resource_with<registered_host_source, host_accessible, device_accessible>);
+static_assert(cccl::synchronous_resource_with<registered_host_source, host_accessible, device_accessible>);
 static_assert(answers_to_cccl31_names<registered_host_source>);
 
 } // namespace strata

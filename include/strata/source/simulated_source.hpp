@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <strata/core/alignment.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -210,7 +211,7 @@ private:
 };
 
 static_assert(owning_resource<simulated_source> && answers_to_cccl31_names<simulated_source>);
-static_assert(cuda::mr::resource<simulated_source>);
+static_assert(cccl::synchronous_resource<simulated_source>);
 static_assert(!has_property<simulated_source, host_accessible> && !has_property<simulated_source, device_accessible>);
 
 } // namespace strata

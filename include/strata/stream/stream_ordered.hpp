@@ -13,6 +13,7 @@
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
+#include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
@@ -626,7 +627,7 @@ private:
 namespace detail::stream_ordered_claims {
 using S = stream_ordered<archetype_resource>;
 static_assert(stream_resource<S> && !owning_resource<S> && !sized_resource<S>);
-static_assert(cuda::mr::async_resource_with<S, device_accessible> && !has_property<S, host_accessible>);
+static_assert(cccl::stream_resource_with<S, device_accessible> && !has_property<S, host_accessible>);
 static_assert(answers_to_cccl31_stream_names<S>);
 static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S>);
 } // namespace detail::stream_ordered_claims
