@@ -2,9 +2,12 @@
 // An open-addressing hash map keyed by block address, for the lookups on a pool's hot path (which block
 // does this pointer start?). std::unordered_map allocates a node per insert; this keeps one flat array,
 // probes linearly, and deletes by shifting back, so a find is a multiply and one or two cache lines.
+// Construction and moves allocate nothing (a pool's noexcept move hands its maps over and leaves empty ones
+// behind); the slot array is allocated by the first insert. An insert that throws changes nothing.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -13,7 +16,23 @@ namespace strata::detail {
 template <class Value>
 class pointer_map {
 public:
-  pointer_map() { rehash(16); }
+  pointer_map() noexcept = default;
+  pointer_map(pointer_map&& other) noexcept
+      : slots_(std::exchange(other.slots_, {})), mask_(std::exchange(other.mask_, 0)), shift_(std::exchange(other.shift_, 64)),
+        size_(std::exchange(other.size_, 0))
+  {}
+  pointer_map& operator=(pointer_map&& other) noexcept
+  {
+    if (this != &other) {
+      slots_ = std::exchange(other.slots_, {});
+      mask_ = std::exchange(other.mask_, 0);
+      shift_ = std::exchange(other.shift_, 64);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  pointer_map(const pointer_map&) = default;
+  pointer_map& operator=(const pointer_map&) = default;
 
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
@@ -21,23 +40,13 @@ public:
   /// Inserts or overwrites.
   void insert(const void* key, Value value)
   {
-    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
-    const auto k = to_key(key);
-    for (std::size_t i = home(k);; i = (i + 1) & mask_) {
-      if (slots_[i].key == k) {
-        slots_[i].value = std::move(value);
-        return;
-      }
-      if (slots_[i].key == empty_key) {
-        slots_[i] = {k, std::move(value)};
-        ++size_;
-        return;
-      }
-    }
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.empty() ? initial_slots : slots_.size() * 2);
+    if (place(slots_, to_key(key), std::move(value))) ++size_;
   }
 
   Value* find(const void* key) noexcept
   {
+    if (slots_.empty()) return nullptr;
     const auto k = to_key(key);
     for (std::size_t i = home(k);; i = (i + 1) & mask_) {
       if (slots_[i].key == k) return &slots_[i].value;
@@ -53,6 +62,7 @@ public:
   /// Removes the key and moves its value to *out (when out is not null), in one probe; false if absent.
   bool take(const void* key, Value* out) noexcept
   {
+    if (slots_.empty()) return false;
     const auto k = to_key(key);
     std::size_t i = home(k);
     for (;; i = (i + 1) & mask_) {
@@ -90,6 +100,7 @@ public:
 
 private:
   static constexpr std::uintptr_t empty_key = 0;  // no block starts at address 0
+  static constexpr std::size_t initial_slots = 16;
   struct slot {
     std::uintptr_t key = empty_key;
     Value value{};
@@ -103,15 +114,33 @@ private:
     return static_cast<std::size_t>(((k >> 8) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
 
+  /// Inserts or overwrites k in `slots` (which has a free slot); true if k is new.
+  bool place(std::vector<slot>& slots, std::uintptr_t k, Value&& value) noexcept
+  {
+    for (std::size_t i = home(k);; i = (i + 1) & mask_) {
+      if (slots[i].key == k) {
+        slots[i].value = std::move(value);
+        return false;
+      }
+      if (slots[i].key == empty_key) {
+        slots[i] = {k, std::move(value)};
+        return true;
+      }
+    }
+  }
+
+  /// Moves every entry into a new array of `capacity` slots. Strong guarantee: only the allocation can throw,
+  /// and it comes before anything has moved.
   void rehash(std::size_t capacity)
   {
-    std::vector<slot> old = std::move(slots_);
-    slots_.assign(capacity, slot{});
+    static_assert(std::is_nothrow_move_constructible_v<Value> && std::is_nothrow_move_assignable_v<Value>,
+                  "rehash moves values after allocating: their moves must not throw");
+    std::vector<slot> fresh(capacity);
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
-    size_ = 0;
-    for (auto& s : old)
-      if (s.key != empty_key) insert(reinterpret_cast<const void*>(s.key), std::move(s.value));
+    for (auto& s : slots_)
+      if (s.key != empty_key) place(fresh, s.key, std::move(s.value));
+    slots_.swap(fresh);
   }
 
   std::vector<slot> slots_;
