@@ -15,6 +15,7 @@ namespace {
 /// Addresses from a source that promises no more than 256-byte alignment, like cudaMalloc.
 struct aligns_256 : simulated_source {
   static constexpr std::size_t max_alignment = 256;
+  aligns_256() {}  // NOLINT(modernize-use-equals-default): value-initialised by the pool, through the explicit base
 };
 } // namespace
 
