@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches RMM (the librmm-cu13 wheel from PyPI and the rapids-logger wheel it needs) into .whl/ and builds
 # bench/rmm_shim against it into build-rmm/, so bench/peers can compare RMM: peers --rmm-shim build-rmm/libstrata_rmm_shim.so
-# Needs network once; the folders can then be carried to a machine without it.
+# Needs network once; build-rmm/ then holds the shim with RMM's libraries beside it, and can be carried alone
+# to a machine without network (bench/run_all.sh finds it there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl

@@ -1,22 +1,29 @@
-// Replays an allocation trace against strata stacks and reports time per operation and peak reserved over
-// peak live: how much memory each stack holds from its upstream, at its worst, for what the program needed.
+// Replays an allocation trace against strata stacks on simulated memory and reports, for each stack, time
+// per operation and peak held over peak live: how much memory the stack holds from the device, at its worst,
+// for what the program needed.
 //   replay TRACE [--scale F] [--exact] [--json FILE]
-// --scale multiplies every size by F (rounded up to 512 bytes, as PyTorch rounds); simulated memory rounds
-// as cudaMalloc does (requests of 2 MiB or more take a multiple of 2 MiB) unless --exact.
-// Runs on simulated_source (no GPU needed); the GPU replay (real cudaMalloc'd memory, peers beside it) is part
-// of bench/peers. The stream column is honoured by a stream_ordered stack over simulated streams, where each
-// operation is one piece of work on its stream that completes `lag` operations later.
+// --scale multiplies every size by F (rounded up to 512 bytes, as PyTorch rounds), so a figure that holds
+// only at one lucky size shows it. Chunked pools run over simulated_source rounding as cudaMalloc does
+// (requests of 2 MiB or more take a multiple of 2 MiB) unless --exact; page-mapped pools over simulated_pages
+// (2 MiB granularity), whose driver calls are counted and reported per 1000 operations.
+// The stream column is honoured by the stream-ordered stacks over simulated streams, where each operation is
+// one piece of work on its stream, completed at once or 64 operations later. No GPU needed: the replay on
+// device memory, beside the peers, is bench/peers.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include <strata/core/ref.hpp>
+#include <strata/default_pool.hpp>
+#include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/buddy_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/mapped_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/simulated_source.hpp>
 #include <strata/stream/simulated_streams.hpp>
@@ -26,16 +33,15 @@
 
 namespace {
 
-strata::simulated_source::rounding source_rounding = strata::simulated_source::rounding::like_cudamalloc;
+using namespace strata;
+using bench::replay_result;
+using bench::trace_event;
 
-strata::simulated_source make_source()
-{
-  return strata::simulated_source(strata::simulated_source::unlimited, std::size_t{1} << 40, source_rounding);
-}
+simulated_source::rounding source_rounding = simulated_source::rounding::like_cudamalloc;
 
-/// Every size times `factor`, rounded up to 512 bytes (PyTorch's rounding): the same workload a little
-/// larger or smaller, so a figure that holds only at one lucky size shows it.
-void scale_sizes(std::vector<strata::bench::trace_event>& events, double factor)
+simulated_source make_source() { return simulated_source(simulated_source::unlimited, std::size_t{1} << 40, source_rounding); }
+
+void scale_sizes(std::vector<trace_event>& events, double factor)
 {
   for (auto& e : events) {
     const auto scaled = static_cast<std::size_t>(static_cast<double>(e.bytes) * factor + 0.5);
@@ -43,22 +49,26 @@ void scale_sizes(std::vector<strata::bench::trace_event>& events, double factor)
   }
 }
 
-/// Replays with the trace's streams: stream 0 is the legacy default stream, others are created on first use.
-strata::bench::replay_result replay_on_streams(std::string name, const std::vector<strata::bench::trace_event>& events, std::size_t lag,
-                                               std::size_t max_chunk = std::size_t{1} << 30)
+template <class Pool>
+void add_page_calls(replay_result& r, const Pool& pool)
 {
-  using namespace strata;
-  simulated_streams world;
-  simulated_source sim = make_source();
-  using pool = coalescing_pool<ref<simulated_source>>;
-  stream_ordered<pool, simulated_events> layer{pool{ref(sim), {.max_chunk = max_chunk}}, {}, simulated_events(world)};
+  r.has_page_calls = true;
+  r.page_calls = pool.page_calls();
+}
+
+/// Replays with the trace's streams through a stream-ordered stack built over `world`: stream 0 is the legacy
+/// default stream, others are created on first use; work completes `lag` operations after it was enqueued.
+template <class Layer, class Held>
+replay_result replay_on_streams(std::string name, Layer& layer, simulated_streams& world, Held held,
+                                const std::vector<trace_event>& events, std::size_t lag)
+{
   std::unordered_map<int, cuda::stream_ref> streams{{0, simulated_streams::legacy()}};
   auto stream_of = [&](int n) {
     auto it = streams.find(n);
     if (it == streams.end()) it = streams.emplace(n, world.create()).first;
     return it->second;
   };
-  bench::replay_result r{.stack = std::move(name)};
+  replay_result r{.stack = std::move(name)};
   std::unordered_map<std::uint64_t, std::tuple<void*, std::size_t, int>> live;
   std::size_t live_bytes = 0, ops = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -69,7 +79,7 @@ strata::bench::replay_result replay_on_streams(std::string name, const std::vect
         live[e.id] = {layer.allocate_async(e.bytes, 256, s), e.bytes, e.stream};
         live_bytes += e.bytes;
         r.peak_live = std::max(r.peak_live, live_bytes);
-        r.peak_reserved = std::max(r.peak_reserved, sim.allocated_bytes());
+        r.peak_reserved = std::max(r.peak_reserved, static_cast<std::size_t>(held()));
       } else {
         const auto it = live.find(e.id);
         if (it == live.end()) continue;
@@ -85,9 +95,46 @@ strata::bench::replay_result replay_on_streams(std::string name, const std::vect
     r.failed = true;
     r.failure = ex.what();
   }
-  r.ns_per_op = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(std::max<std::size_t>(r.operations, 1));
+  r.ns_per_op = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /
+                static_cast<double>(std::max<std::size_t>(r.operations, 1));
   for (auto& [id, block] : live) layer.deallocate_async(std::get<0>(block), std::get<1>(block), 256, stream_of(std::get<2>(block)));
   return r;
+}
+
+replay_result stream_ordered_coalescing(std::string name, const std::vector<trace_event>& events, std::size_t lag,
+                                        std::size_t max_chunk = std::size_t{1} << 30)
+{
+  simulated_streams world;
+  simulated_source sim = make_source();
+  using pool = coalescing_pool<ref<simulated_source>>;
+  stream_ordered<pool, simulated_events> layer{pool{ref(sim), {.max_chunk = max_chunk}}, {}, simulated_events(world)};
+  return replay_on_streams(std::move(name), layer, world, [&] { return sim.allocated_bytes(); }, events, lag);
+}
+
+/// The recommended stack as it is planned without a GPU (default_pool's policy over simulated pages).
+replay_result recommended(std::string name, const std::vector<trace_event>& events, std::size_t lag)
+{
+  simulated_streams world;
+  planning_pool layer{mapped_pool<simulated_pages>{}, {}, simulated_events(world)};
+  auto r = replay_on_streams(std::move(name), layer, world, [&] { return layer.policy().physical_bytes(); }, events, lag);
+  add_page_calls(r, layer.policy());
+  return r;
+}
+
+replay_result mapped(std::string name, const std::vector<trace_event>& events, mapped_pool<simulated_pages>::options opts)
+{
+  mapped_pool<simulated_pages> pool{simulated_pages{}, opts};
+  auto r = bench::replay_with(std::move(name), pool, [&] { return pool.physical_bytes(); }, events);
+  add_page_calls(r, pool);
+  return r;
+}
+
+template <class Pool, class... Options>
+replay_result chunked(std::string name, const std::vector<trace_event>& events, Options... opts)
+{
+  simulated_source sim = make_source();
+  Pool pool{ref(sim), opts...};
+  return bench::replay(std::move(name), pool, sim, events);
 }
 
 } // namespace
@@ -103,62 +150,42 @@ int main(int argc, char** argv)
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (arg == "--scale" && i + 1 < argc) scale = std::stod(argv[++i]);
-    else if (arg == "--exact") source_rounding = strata::simulated_source::rounding::none;
+    else if (arg == "--scale" && i + 1 < argc) scale = std::strtod(argv[++i], nullptr);
+    else if (arg == "--exact") source_rounding = simulated_source::rounding::none;
     else {
       std::fprintf(stderr, "replay: unknown argument %s\n", arg.c_str());
       return 2;
     }
   }
   if (!(scale > 0)) {
-    std::fprintf(stderr, "replay: --scale must be positive\n");
+    std::fprintf(stderr, "replay: --scale must be a positive number\n");
     return 2;
   }
-  auto events = strata::bench::read_trace(argv[1]);
+  std::vector<trace_event> events;
+  try {
+    events = bench::read_trace(argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "replay: %s\n", e.what());
+    return 1;
+  }
   if (scale != 1.0) scale_sizes(events, scale);
-  using namespace strata;
-  std::vector<bench::replay_result> results;
 
-  {
-    simulated_source sim = make_source();
-    coalescing_pool<ref<simulated_source>> pool{ref(sim)};
-    results.push_back(bench::replay("coalescing_pool (defaults)", pool, sim, events));
-  }
-  {
-    simulated_source sim = make_source();
-    coalescing_pool<ref<simulated_source>> pool{ref(sim), {.initial_chunk = 2 << 20, .max_chunk = 1 << 30, .growth_factor = 1.0}};
-    results.push_back(bench::replay("coalescing_pool (2 MiB chunks, no growth)", pool, sim, events));
-  }
-  {
-    simulated_source sim = make_source();
-    coalescing_pool<ref<simulated_source>> pool{ref(sim), {.initial_chunk = 20 << 20, .max_chunk = 1 << 30, .growth_factor = 1.0}};
-    results.push_back(bench::replay("coalescing_pool (20 MiB chunks, no growth)", pool, sim, events));
-  }
-  {
-    simulated_source sim = make_source();
-    buddy_pool<ref<simulated_source>> pool{ref(sim)};
-    results.push_back(bench::replay("buddy_pool (1 GiB regions)", pool, sim, events));
-  }
-  {
-    simulated_source sim = make_source();
-    buddy_pool<ref<simulated_source>> pool{ref(sim), {.region_size = 64 << 20}};
-    results.push_back(bench::replay("buddy_pool (64 MiB regions)", pool, sim, events));
-  }
-  {
-    simulated_source sim = make_source();
-    size_class_pool<ref<simulated_source>> pool{ref(sim)};
-    results.push_back(bench::replay("size_class_pool (large requests direct)", pool, sim, events));
-  }
-  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (trace streams, work done at once)", events, 0));
-  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (work done 64 operations later)", events, 64));
-  // Growth comes in chunks of up to max_chunk: a stack a few MiB short at its peak takes a whole one more.
-  {
-    simulated_source sim = make_source();
-    coalescing_pool<ref<simulated_source>> pool{ref(sim), {.max_chunk = 128 << 20}};
-    results.push_back(bench::replay("coalescing_pool (chunks up to 128 MiB)", pool, sim, events));
-  }
-  results.push_back(replay_on_streams("stream_ordered<coalescing_pool> (chunks up to 128 MiB)", events, 0, 128 << 20));
+  using chunks = coalescing_pool<ref<simulated_source>>;
+  std::vector<replay_result> results;
+  results.push_back(recommended("default_pool (recommended; trace streams, work done at once)", events, 0));
+  results.push_back(recommended("default_pool (recommended; work done 64 operations later)", events, 64));
+  results.push_back(mapped("mapped_pool (defaults)", events, {}));
+  results.push_back(mapped("mapped_pool (no idle slack, mappings of any size)", events,
+                           {.reclaim_slack_fraction = 0.0, .max_mapping = SIZE_MAX}));
+  results.push_back(mapped("mapped_pool (never reclaims: like expandable segments)", events,
+                           {.reclaim_slack = SIZE_MAX, .reclaim_slack_fraction = 0.0}));
+  results.push_back(chunked<chunks>("coalescing_pool (defaults)", events));
+  results.push_back(stream_ordered_coalescing("stream_ordered<coalescing_pool> (trace streams, work done at once)", events, 0));
+  results.push_back(stream_ordered_coalescing("stream_ordered<coalescing_pool> (work done 64 operations later)", events, 64));
+  results.push_back(chunked<chunks>("coalescing_pool (chunks up to 128 MiB)", events, chunks::options{.max_chunk = 128 << 20}));
+  results.push_back(chunked<size_class_pool<ref<simulated_source>>>("size_class_pool (large requests direct)", events));
+  results.push_back(chunked<buddy_pool<ref<simulated_source>>>("buddy_pool (1 GiB regions)", events));
   bench::print_table(argv[1], results);
-  if (!json_path.empty()) bench::write_json(json_path, argv[1], results);
+  if (!json_path.empty()) bench::write_json(json_path, argv[1], results, scale);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <strata/core/errors.hpp>
+#include <strata/pages/page_backend.hpp>
 #include "trace.hpp"
 
 namespace strata::bench {
@@ -22,6 +23,12 @@ struct replay_result {
   std::size_t peak_reserved = 0;
   bool failed = false;
   std::string failure;
+  bool has_page_calls = false;  ///< page-mapped stacks: the driver calls they made
+  page_counters page_calls{};
+  double per_1000_ops(std::uint64_t calls) const
+  {
+    return operations == 0 ? 0 : 1000.0 * static_cast<double>(calls) / static_cast<double>(operations);
+  }
   double ratio() const { return peak_live == 0 ? 0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live); }
 };
 
@@ -81,18 +88,29 @@ inline void print_table(const std::string& trace, const std::vector<replay_resul
     }
     std::printf("%-68s %10zu %10.1f %14.1f %14.1f %8.3fx\n", r.stack.c_str(), r.operations, r.ns_per_op,
                 static_cast<double>(r.peak_live) / (1 << 20), static_cast<double>(r.peak_reserved) / (1 << 20), r.ratio());
+    if (r.has_page_calls)
+      std::printf("%-68s per 1000 operations: %.1f maps, %.1f unmaps, %.2f device waits (%llu creates)\n", "", r.per_1000_ops(r.page_calls.maps),
+                  r.per_1000_ops(r.page_calls.unmaps), r.per_1000_ops(r.page_calls.synchronizes),
+                  static_cast<unsigned long long>(r.page_calls.creates));
   }
 }
 
-inline void write_json(const std::string& path, const std::string& trace, const std::vector<replay_result>& results)
+inline void write_json(const std::string& path, const std::string& trace, const std::vector<replay_result>& results, double scale = 1.0)
 {
   std::ofstream out(path);
-  out << "{\"trace\":\"" << trace << "\",\"results\":[";
+  out << "{\"trace\":\"" << trace << "\",\"scale\":" << scale << ",\"results\":[";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     out << (i ? "," : "") << "{\"stack\":\"" << r.stack << "\",\"operations\":" << r.operations << ",\"ns_per_op\":" << r.ns_per_op
         << ",\"peak_live\":" << r.peak_live << ",\"peak_reserved\":" << r.peak_reserved << ",\"ratio\":" << r.ratio()
-        << ",\"failed\":" << (r.failed ? "true" : "false") << "}";
+        << ",\"failed\":" << (r.failed ? "true" : "false");
+    if (r.has_page_calls) {
+      const auto& c = r.page_calls;
+      out << ",\"page_calls\":{\"creates\":" << c.creates << ",\"maps\":" << c.maps << ",\"unmaps\":" << c.unmaps
+          << ",\"releases\":" << c.releases << ",\"access_calls\":" << c.access_calls << ",\"device_waits\":" << c.synchronizes
+          << ",\"maps_per_1000_ops\":" << r.per_1000_ops(c.maps) << ",\"unmaps_per_1000_ops\":" << r.per_1000_ops(c.unmaps) << "}";
+    }
+    out << "}";
   }
   out << "]}\n";
 }

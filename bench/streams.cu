@@ -5,6 +5,7 @@
 //   streams [--json FILE] [--launches N]
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -43,6 +44,9 @@ struct allocator_under_test {
   std::string name;
   std::function<void*(std::size_t, const stream_t&)> allocate;
   std::function<void(void*, std::size_t, const stream_t&)> free;
+  /// Times the host has waited inside the allocator so far (stream_ordered's stats().host_waits); null for
+  /// allocators that do not count them.
+  std::function<std::uint64_t()> host_waits = nullptr;
 };
 
 struct pipeline_result {
@@ -52,6 +56,7 @@ struct pipeline_result {
   double total_ms = 0;
   double enqueue_ms = 0;  ///< the host loop alone: when it is most of total_ms, the host sets the pace
   double alloc_ns_per_pair = 0;
+  std::int64_t host_waits = -1;  ///< during this pipeline; -1: the allocator does not count them
 };
 
 constexpr std::size_t sizes[] = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
@@ -70,6 +75,7 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<stream_t
                              double clock_ns, std::vector<void*>& prealloc)
 {
   double alloc_ns = 0;
+  const std::uint64_t waits_before = a != nullptr && a->host_waits ? a->host_waits() : 0;
   check(cudaDeviceSynchronize(), "sync");
   const auto start = clock_type::now();
   for (std::size_t i = 0; i < launches; ++i) {
@@ -94,8 +100,9 @@ pipeline_result run_pipeline(const allocator_under_test* a, std::vector<stream_t
   const double enqueue = std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
   check(cudaDeviceSynchronize(), "sync");
   const double total = std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
+  const std::int64_t waits = a != nullptr && a->host_waits ? static_cast<std::int64_t>(a->host_waits() - waits_before) : -1;
   return {a != nullptr ? a->name : "preallocated (no allocator)", static_cast<int>(streams.size()), launches, total, enqueue,
-          a != nullptr ? alloc_ns / static_cast<double>(launches) : 0.0};
+          a != nullptr ? alloc_ns / static_cast<double>(launches) : 0.0, waits};
 }
 
 /// Allocate then free the same size on one stream, no kernels: the allocator's own cost per pair.
@@ -139,16 +146,19 @@ int main(int argc, char** argv)
   cub::CachingDeviceAllocator cub_allocator(2, 8, 30, cub::CachingDeviceAllocator::INVALID_SIZE);
 
   auto plain = [](const stream_t& s) { return s.stream(); };  // the handle alone: an id lookup per call
+  // The README says nothing waits on the host in the normal course: these counts show whether that held.
+  std::function<std::uint64_t()> coalescing_waits = [&] { return so_coalescing.stats().host_waits; };
+  std::function<std::uint64_t()> size_class_waits = [&] { return so_size_class.stats().host_waits; };
   const std::vector<allocator_under_test> allocators = {
     {"stream_ordered<coalescing_pool> (identified)",
      [&](std::size_t n, const stream_t& s) { return so_coalescing.allocate_async(n, 256, s); },
-     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, s); }},
+     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, s); }, coalescing_waits},
     {"stream_ordered<size_class_pool> (identified)",
      [&](std::size_t n, const stream_t& s) { return so_size_class.allocate_async(n, 256, s); },
-     [&](void* p, std::size_t n, const stream_t& s) { so_size_class.deallocate_async(p, n, 256, s); }},
+     [&](void* p, std::size_t n, const stream_t& s) { so_size_class.deallocate_async(p, n, 256, s); }, size_class_waits},
     {"stream_ordered<coalescing_pool> (stream handle)",
      [&](std::size_t n, const stream_t& s) { return so_coalescing.allocate_async(n, 256, plain(s)); },
-     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, plain(s)); }},
+     [&](void* p, std::size_t n, const stream_t& s) { so_coalescing.deallocate_async(p, n, 256, plain(s)); }, coalescing_waits},
     {"async_source (cudaMallocFromPoolAsync)",
      [&](std::size_t n, const stream_t& s) { return async.allocate_async(n, 256, plain(s)); },
      [&](void* p, std::size_t n, const stream_t& s) { async.deallocate_async(p, n, 256, plain(s)); }},
@@ -223,11 +233,15 @@ int main(int argc, char** argv)
   std::printf("%-50s %12.1f   (one call)\n", "cudaStreamGetId", id_ns);
   std::printf("%-50s %12.1f   (one call)\n", "strata::identify (the driver's cuStreamGetId)", identify_ns);
   for (const auto& [name, ns] : pairs) std::printf("%-50s %12.1f %9.1fx\n", name.c_str(), ns, async_pair / ns);
-  std::printf("\npipeline (median of 3; cudaMalloc: one run, a quarter of the launches)\n%-50s %7s %9s %11s %11s %14s %12s\n",
-              "allocator", "streams", "launches", "total ms", "enqueue ms", "us/launch", "alloc ns/pair");
+  std::printf("\npipeline (median of 3; cudaMalloc: one run, a quarter of the launches; host waits: inside the allocator, "
+              "\"-\" where it does not count them)\n%-50s %7s %9s %11s %11s %14s %12s %10s\n",
+              "allocator", "streams", "launches", "total ms", "enqueue ms", "us/launch", "alloc ns/pair", "host waits");
   for (const auto& r : results)
-    std::printf("%-50s %7d %9zu %11.2f %11.2f %14.3f %12.1f\n", r.allocator.c_str(), r.streams, r.launches, r.total_ms,
-                r.enqueue_ms, r.total_ms * 1000 / static_cast<double>(r.launches), r.alloc_ns_per_pair);
+    std::printf("%-50s %7d %9zu %11.2f %11.2f %14.3f %12.1f %10s\n", r.allocator.c_str(), r.streams, r.launches, r.total_ms,
+                r.enqueue_ms, r.total_ms * 1000 / static_cast<double>(r.launches), r.alloc_ns_per_pair,
+                r.host_waits < 0 ? "-" : std::to_string(r.host_waits).c_str());
+  std::printf("host waits over the whole run: stream_ordered<coalescing_pool> %llu, stream_ordered<size_class_pool> %llu\n",
+              static_cast<unsigned long long>(coalescing_waits()), static_cast<unsigned long long>(size_class_waits()));
 
   if (!json_path.empty()) {
     std::ofstream out(json_path);
@@ -237,9 +251,12 @@ int main(int argc, char** argv)
     for (std::size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
       out << (i ? "," : "") << "{\"allocator\":\"" << r.allocator << "\",\"streams\":" << r.streams << ",\"launches\":"
-          << r.launches << ",\"total_ms\":" << r.total_ms << ",\"enqueue_ms\":" << r.enqueue_ms << ",\"alloc_ns_per_pair\":" << r.alloc_ns_per_pair << "}";
+          << r.launches << ",\"total_ms\":" << r.total_ms << ",\"enqueue_ms\":" << r.enqueue_ms << ",\"alloc_ns_per_pair\":" << r.alloc_ns_per_pair;
+      if (r.host_waits >= 0) out << ",\"host_waits\":" << r.host_waits;
+      out << "}";
     }
-    out << "]}\n";
+    out << "],\"host_waits_total\":{\"stream_ordered<coalescing_pool>\":" << coalescing_waits()
+        << ",\"stream_ordered<size_class_pool>\":" << size_class_waits() << "}}\n";
   }
   check(cudaStreamDestroy(pair_handle), "destroy");
   return 0;

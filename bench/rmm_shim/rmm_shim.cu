@@ -1,10 +1,14 @@
-// The five calls bench/peers needs from RMM: make a pool or arena over cudaMalloc memory that counts what
-// it holds, allocate, free, report the bytes held from the device, destroy.
+// What bench/peers needs from RMM, behind a C interface: make a pool or arena over cudaMalloc memory that
+// counts what it holds, allocate and free on a stream (RMM's stream API: what rmm::device_buffer and
+// device_uvector call) or through allocate_sync (which adds a cudaStreamSynchronize of the default stream per
+// call in RMM 26.x: kept only for rows labelled "(sync)"), report the bytes held from the device, destroy.
 #include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <variant>
+#include <new>
+
+#include <cuda_runtime_api.h>
 
 #include <rmm/mr/arena_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
@@ -12,6 +16,8 @@
 #include <rmm/version_config.hpp>
 
 namespace {
+
+constexpr std::size_t alignment = 256;
 
 /// cudaMalloc memory, counting the bytes held (copies share the counter, as any_resource copies them).
 class counting_cuda {
@@ -52,7 +58,15 @@ struct holder {
   std::atomic<std::size_t> held{0};
   std::unique_ptr<rmm::mr::pool_memory_resource> pool;
   std::unique_ptr<rmm::mr::arena_memory_resource> arena;
+
+  template <class F>
+  decltype(auto) with(F&& f)
+  {
+    return pool ? f(*pool) : f(*arena);
+  }
 };
+
+holder* as_holder(void* mr) { return static_cast<holder*>(mr); }
 
 } // namespace
 
@@ -69,17 +83,35 @@ void* strata_rmm_create(const char* kind)
   else h->arena = std::make_unique<rmm::mr::arena_memory_resource>(counting_cuda(&h->held));
   return h;
 }
+
+/// RMM's stream API: `allocate(stream, bytes, alignment)`; nullptr when RMM throws (out of memory).
+void* strata_rmm_allocate_async(void* mr, std::size_t bytes, cudaStream_t stream)
+{
+  try {
+    return as_holder(mr)->with([&](auto& r) { return r.allocate(cuda::stream_ref{stream}, bytes, alignment); });
+  } catch (...) {
+    return nullptr;
+  }
+}
+void strata_rmm_deallocate_async(void* mr, void* p, std::size_t bytes, cudaStream_t stream)
+{
+  as_holder(mr)->with([&](auto& r) { r.deallocate(cuda::stream_ref{stream}, p, bytes, alignment); });
+}
+
+/// allocate_sync / deallocate_sync: each call also synchronizes the default stream.
 void* strata_rmm_allocate(void* mr, std::size_t bytes)
 {
-  auto* h = static_cast<holder*>(mr);
-  return h->pool ? h->pool->allocate_sync(bytes, 256) : h->arena->allocate_sync(bytes, 256);
+  try {
+    return as_holder(mr)->with([&](auto& r) { return r.allocate_sync(bytes, alignment); });
+  } catch (...) {
+    return nullptr;
+  }
 }
 void strata_rmm_deallocate(void* mr, void* p, std::size_t bytes)
 {
-  auto* h = static_cast<holder*>(mr);
-  if (h->pool) h->pool->deallocate_sync(p, bytes, 256);
-  else h->arena->deallocate_sync(p, bytes, 256);
+  as_holder(mr)->with([&](auto& r) { r.deallocate_sync(p, bytes, alignment); });
 }
-std::size_t strata_rmm_reserved(void* mr) { return static_cast<holder*>(mr)->held.load(); }
-void strata_rmm_destroy(void* mr) { delete static_cast<holder*>(mr); }
+
+std::size_t strata_rmm_reserved(void* mr) { return as_holder(mr)->held.load(); }
+void strata_rmm_destroy(void* mr) { delete as_holder(mr); }
 }

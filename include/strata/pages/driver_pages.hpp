@@ -1,0 +1,229 @@
+#pragma once
+// The CUDA driver's virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess,
+// cuMemUnmap, cuMemRelease) as a page backend. The driver's functions are reached through the runtime's
+// entry-point table, as strata::identify does: no link to libcuda, and a program without a GPU loads fine.
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/config.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/core/properties.hpp>
+#include <strata/detail/cuda_check.hpp>
+#include <strata/pages/page_backend.hpp>
+#include <strata/source/device_source.hpp>
+
+namespace strata {
+
+namespace detail {
+
+/// The driver entry points driver_pages uses, looked up once per process.
+struct vmm_driver {
+  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuGetErrorName) error_name = nullptr;
+
+  static const vmm_driver& get()
+  {
+    static const vmm_driver driver = load();
+    if (driver.create == nullptr)
+      throw std::runtime_error("driver_pages: the CUDA driver offers no virtual memory management entry points");
+    return driver;
+  }
+
+private:
+  template <class F>
+  static void find(F& fn, const char* name) noexcept
+  {
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      clear_last_error();
+      return;
+    }
+    fn = reinterpret_cast<F>(symbol);
+  }
+  static vmm_driver load() noexcept
+  {
+    vmm_driver d;
+    find(d.address_reserve, "cuMemAddressReserve");
+    find(d.address_free, "cuMemAddressFree");
+    find(d.release, "cuMemRelease");
+    find(d.map, "cuMemMap");
+    find(d.unmap, "cuMemUnmap");
+    find(d.set_access, "cuMemSetAccess");
+    find(d.granularity, "cuMemGetAllocationGranularity");
+    find(d.error_name, "cuGetErrorName");
+    find(d.create, "cuMemCreate");  // last: its presence says every lookup above ran
+    if (!d.address_reserve || !d.address_free || !d.release || !d.map || !d.unmap || !d.set_access || !d.granularity)
+      d.create = nullptr;
+    return d;
+  }
+};
+
+[[noreturn, gnu::cold]] inline void throw_driver_error(CUresult status, const char* call, std::source_location where)
+{
+  const char* name = nullptr;
+  if (const auto fn = vmm_driver::get().error_name; fn == nullptr || fn(status, &name) != CUDA_SUCCESS) name = "unknown";
+  throw std::runtime_error(std::string(call) + " failed: " + name + " (driver error " + std::to_string(status) + ") at " +
+                           where.file_name() + ":" + std::to_string(where.line()));
+}
+
+inline void driver_check(CUresult status, const char* call, std::source_location where = std::source_location::current())
+{
+  if (status != CUDA_SUCCESS) throw_driver_error(status, call, where);
+}
+
+} // namespace detail
+
+/// Physical memory of one device, mapped into address ranges reserved on it, accessible from that device and
+/// the peer devices named at construction (cuMemSetAccess covers each of them: peer access enabled the
+/// runtime way does not reach memory mapped this way).
+/// Models page_backend; device_accessible. Cost: every call is a driver call, priced per call whatever the
+/// size (bench/vmm_costs on an H100: cuMemCreate ~7-11 µs, cuMemMap ~1 µs, cuMemSetAccess ~25-39 µs,
+/// cuMemUnmap ~17-24 µs, cuMemRelease ~10-15 µs); synchronize() is a cudaDeviceSynchronize of the device.
+/// Holds no mutable state but its counters, which the owning pool guards.
+class driver_pages {
+public:
+  using page = CUmemGenericAllocationHandle;
+
+  /// `page_size` 0: the device's allocation granularity (2 MiB on H100/H200); otherwise a multiple of it.
+  static constexpr std::size_t max_devices = 32;
+
+  explicit driver_pages(int device = detail::current_device(), std::size_t page_size = 0, const std::vector<int>& peers = {})
+      : device_(device)
+  {
+    const auto& driver = detail::vmm_driver::get();
+    const CUmemAllocationProp prop = properties();
+    std::size_t granularity = 0;
+    detail::scoped_device on(device_);
+    detail::driver_check(driver.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+    if (page_size == 0) page_size = granularity;
+    if (page_size % granularity != 0 || !is_power_of_two(page_size))
+      throw std::invalid_argument("driver_pages: page size " + std::to_string(page_size) +
+                                  " is not a power-of-two multiple of device " + std::to_string(device) +
+                                  "'s granularity of " + std::to_string(granularity) + " bytes");
+    page_size_ = page_size;
+    access_[devices_++] = access_for(device_);
+    for (int peer : peers) {
+      if (peer == device_) continue;
+      if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
+      int can = 0;
+      detail::cuda_check(cudaDeviceCanAccessPeer(&can, peer, device_), "cudaDeviceCanAccessPeer");
+      if (can == 0)
+        throw std::invalid_argument("driver_pages: device " + std::to_string(peer) + " cannot access device " +
+                                    std::to_string(device_) + "'s memory (no peer path)");
+      access_[devices_++] = access_for(peer);
+    }
+  }
+
+  std::size_t page_size() const noexcept { return page_size_; }
+  int device() const noexcept { return device_; }
+
+  std::uintptr_t reserve(std::size_t bytes, std::size_t alignment)
+  {
+    CUdeviceptr address = 0;
+    detail::scoped_device on(device_);
+    const CUresult status = detail::vmm_driver::get().address_reserve(&address, bytes, alignment, 0, 0);
+    if (status == CUDA_ERROR_OUT_OF_MEMORY) throw out_of_memory("driver_pages", bytes, "cuMemAddressReserve refused");
+    detail::driver_check(status, "cuMemAddressReserve");
+    ++counts_.reserves;
+    return static_cast<std::uintptr_t>(address);
+  }
+
+  void unreserve(std::uintptr_t address, std::size_t bytes) noexcept
+  {
+    (void)detail::vmm_driver::get().address_free(static_cast<CUdeviceptr>(address), bytes);
+  }
+
+  page create(std::size_t bytes)
+  {
+    page p = 0;
+    const CUmemAllocationProp prop = properties();
+    detail::scoped_device on(device_);
+    const CUresult status = detail::vmm_driver::get().create(&p, bytes, &prop, 0);
+    if (status == CUDA_ERROR_OUT_OF_MEMORY)
+      throw out_of_memory("driver_pages", bytes, "cuMemCreate refused; " + detail::device_memory_figures(device_));
+    detail::driver_check(status, "cuMemCreate");
+    ++counts_.creates;
+    return p;
+  }
+
+  void destroy(page p) noexcept
+  {
+    if (detail::vmm_driver::get().release(p) == CUDA_SUCCESS) ++counts_.releases;
+  }
+
+  void map(std::uintptr_t address, page p, std::size_t bytes)
+  {
+    detail::driver_check(detail::vmm_driver::get().map(static_cast<CUdeviceptr>(address), bytes, 0, p, 0), "cuMemMap");
+    ++counts_.maps;
+  }
+
+  void set_access(std::uintptr_t address, std::size_t bytes)
+  {
+    detail::driver_check(detail::vmm_driver::get().set_access(static_cast<CUdeviceptr>(address), bytes, access_.data(), devices_),
+                         "cuMemSetAccess");
+    ++counts_.access_calls;
+  }
+
+  void unmap(std::uintptr_t address, std::size_t bytes)
+  {
+    detail::driver_check(detail::vmm_driver::get().unmap(static_cast<CUdeviceptr>(address), bytes), "cuMemUnmap");
+    ++counts_.unmaps;
+  }
+
+  void synchronize()
+  {
+    detail::scoped_device on(device_);
+    detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ++counts_.synchronizes;
+  }
+
+  const page_counters& counts() const noexcept { return counts_; }
+
+  friend constexpr void get_property(const driver_pages&, device_accessible) noexcept {}
+
+private:
+  CUmemAllocationProp properties() const noexcept
+  {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device_;
+    return prop;
+  }
+  static CUmemAccessDesc access_for(int device) noexcept
+  {
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return desc;
+  }
+
+  int device_ = 0;
+  std::size_t page_size_ = 0;
+  std::array<CUmemAccessDesc, max_devices> access_{};  ///< a fixed array: moves cannot throw
+  std::size_t devices_ = 0;
+  page_counters counts_;
+};
+
+static_assert(page_backend<driver_pages>);
+
+} // namespace strata

@@ -1,0 +1,53 @@
+#pragma once
+// What mapped_pool needs from a machine that maps physical pages into reserved address ranges, as a concept,
+// so the pool's bookkeeping runs over the CUDA driver's virtual memory management (driver_pages) or over a
+// pretend device on a machine without a GPU (simulated_pages), where CI tests every line of it and the replay
+// tools plan traces.
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+namespace strata {
+
+/// Calls a page backend made: what the map/unmap design costs, counted so tests and replays can report it.
+struct page_counters {
+  std::uint64_t reserves = 0;      ///< address ranges reserved
+  std::uint64_t creates = 0;       ///< physical allocations created (cuMemCreate)
+  std::uint64_t releases = 0;      ///< physical allocations released (cuMemRelease)
+  std::uint64_t maps = 0;          ///< allocations mapped (cuMemMap)
+  std::uint64_t unmaps = 0;        ///< allocations unmapped (cuMemUnmap)
+  std::uint64_t access_calls = 0;  ///< cuMemSetAccess calls
+  std::uint64_t synchronizes = 0;  ///< waits for the device before unmapping (host waits)
+
+  constexpr std::uint64_t driver_calls() const noexcept
+  {
+    return reserves + creates + releases + maps + unmaps + access_calls + synchronizes;
+  }
+  constexpr bool operator==(const page_counters&) const = default;
+};
+
+/// A page backend: `page_size()` is the granularity (2 MiB on H100/H200): every size and address below is a
+/// multiple of it. `reserve(bytes, alignment)` an address range with nothing behind it, `unreserve` gives it
+/// back; `create(bytes)` one physical allocation (strata::out_of_memory when the device has no room),
+/// `destroy` releases it; `map(address, page, bytes)` puts a whole allocation behind part of a reserved range,
+/// `set_access(address, bytes)` makes mapped memory usable by the devices the backend serves, `unmap(address,
+/// bytes)` takes a whole mapping out again; `synchronize()` waits until no work already submitted can touch the
+/// backend's memory. The driver charges per call, not per byte (vmm_costs: mapping, access and unmapping a
+/// 64 MiB allocation cost what a 2 MiB one does), which is why allocations are sized to the need.
+template <class B>
+concept page_backend = std::movable<B> && requires(B& b, const B& cb, typename B::page page, std::uintptr_t address,
+                                                   std::size_t bytes) {
+  typename B::page;
+  { cb.page_size() } noexcept -> std::same_as<std::size_t>;
+  { b.reserve(bytes, bytes) } -> std::same_as<std::uintptr_t>;
+  { b.unreserve(address, bytes) } noexcept;
+  { b.create(bytes) } -> std::same_as<typename B::page>;
+  { b.destroy(page) } noexcept;
+  b.map(address, page, bytes);
+  b.set_access(address, bytes);
+  b.unmap(address, bytes);
+  b.synchronize();
+  { cb.counts() } noexcept -> std::same_as<const page_counters&>;
+};
+
+} // namespace strata

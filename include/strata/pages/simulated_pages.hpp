@@ -1,0 +1,242 @@
+#pragma once
+// A pretend device for mapped_pool: address ranges reserved with PROT_NONE (never touched: a touch faults),
+// physical pages that are numbers, and a strict record of which page sits behind which address. Every misuse
+// a driver would punish — mapping over a mapped page, unmapping an empty one, setting access on a range with
+// a hole, destroying a mapped page — is a std::logic_error here, so the pool's tests catch it in CI.
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/pages/page_backend.hpp>
+
+namespace strata {
+
+/// Models page_backend. `page_size`: the granularity; `capacity`: the most physical bytes that may exist at
+/// once (the device's memory). Tests can make the N-th call of an operation fail (`fail_after`). Not
+/// thread-safe (the pool is not).
+class simulated_pages {
+public:
+  using page = std::uint64_t;
+  enum class operation { create, map, set_access, unmap, synchronize };
+
+  explicit simulated_pages(std::size_t page_size = std::size_t{2} << 20, std::size_t capacity = SIZE_MAX)
+      : page_size_(page_size), capacity_(capacity)
+  {
+    if (page_size == 0 || !is_power_of_two(page_size) || page_size % default_alignment != 0)
+      throw std::invalid_argument("simulated_pages: page size " + std::to_string(page_size) +
+                                  " is not a power-of-two multiple of 256 bytes");
+  }
+  simulated_pages(simulated_pages&& other) noexcept { *this = std::move(other); }
+  simulated_pages& operator=(simulated_pages&& other) noexcept
+  {
+    if (this != &other) {
+      unreserve_all();
+      page_size_ = other.page_size_;
+      capacity_ = other.capacity_;
+      ranges_ = std::exchange(other.ranges_, {});
+      mappings_ = std::exchange(other.mappings_, {});
+      granules_ = std::exchange(other.granules_, {});
+      pages_ = std::exchange(other.pages_, {});
+      live_bytes_ = std::exchange(other.live_bytes_, 0);
+      peak_bytes_ = std::exchange(other.peak_bytes_, 0);
+      next_page_ = other.next_page_;
+      counts_ = std::exchange(other.counts_, {});
+      failures_ = std::exchange(other.failures_, {});
+    }
+    return *this;
+  }
+  simulated_pages(const simulated_pages&) = delete;
+  simulated_pages& operator=(const simulated_pages&) = delete;
+  ~simulated_pages() { unreserve_all(); }
+
+  std::size_t page_size() const noexcept { return page_size_; }
+
+  std::uintptr_t reserve(std::size_t bytes, std::size_t alignment)
+  {
+    if (bytes == 0 || bytes % page_size_ != 0) throw std::invalid_argument("simulated_pages: reserve of " + std::to_string(bytes) + " bytes");
+    const std::size_t span = bytes + alignment;
+    void* base = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) throw out_of_memory("simulated_pages", bytes, "cannot reserve address space");
+    const std::uintptr_t aligned = align_address(reinterpret_cast<std::uintptr_t>(base), alignment);
+    try {
+      ranges_.emplace(aligned, range{reinterpret_cast<std::uintptr_t>(base), span, bytes});
+    } catch (...) {
+      ::munmap(base, span);
+      throw;
+    }
+    ++counts_.reserves;
+    return aligned;
+  }
+
+  void unreserve(std::uintptr_t address, std::size_t) noexcept
+  {
+    const auto it = ranges_.find(address);
+    if (it == ranges_.end()) return;
+    ::munmap(reinterpret_cast<void*>(it->second.mapping), it->second.span);
+    ranges_.erase(it);
+  }
+
+  page create(std::size_t bytes)
+  {
+    maybe_fail(operation::create);
+    if (bytes == 0 || bytes % page_size_ != 0)
+      throw std::logic_error("simulated_pages: create of " + std::to_string(bytes) + " bytes, not a multiple of the page size");
+    if (bytes > capacity_ || live_bytes_ > capacity_ - bytes)
+      throw out_of_memory("simulated_pages", bytes, "device of " + std::to_string(capacity_) + " bytes has " +
+                                                  std::to_string(capacity_ - live_bytes_) + " free");
+    const page p = next_page_;
+    pages_.emplace(p, allocation{bytes, false});
+    ++next_page_;
+    live_bytes_ += bytes;
+    peak_bytes_ = live_bytes_ > peak_bytes_ ? live_bytes_ : peak_bytes_;
+    ++counts_.creates;
+    return p;
+  }
+
+  void destroy(page p) noexcept
+  {
+    const auto it = pages_.find(p);
+    if (it == pages_.end() || it->second.mapped) std::terminate();  // a driver would fail; the pool has a bug
+    live_bytes_ -= it->second.bytes;
+    pages_.erase(it);
+    ++counts_.releases;
+  }
+
+  void map(std::uintptr_t address, page p, std::size_t bytes)
+  {
+    maybe_fail(operation::map);
+    const auto it = pages_.find(p);
+    if (it == pages_.end()) throw std::logic_error("simulated_pages: map of an allocation that does not exist");
+    if (it->second.mapped) throw std::logic_error("simulated_pages: allocation " + std::to_string(p) + " is already mapped");
+    if (bytes != it->second.bytes) throw std::logic_error("simulated_pages: map of part of an allocation");
+    if (address % page_size_ != 0 || !inside_reservation(address, bytes))
+      throw std::logic_error("simulated_pages: map outside a reserved range or off a page boundary");
+    for (std::uintptr_t a = address; a < address + bytes; a += page_size_)
+      if (granules_.count(a) != 0) throw std::logic_error("simulated_pages: address already mapped");
+    mappings_.emplace(address, p);
+    std::uintptr_t a = address;
+    try {
+      for (; a < address + bytes; a += page_size_) granules_.emplace(a, false);
+    } catch (...) {  // all or nothing, as the driver's call is
+      for (std::uintptr_t g = address; g < a; g += page_size_) granules_.erase(g);
+      mappings_.erase(address);
+      throw;
+    }
+    it->second.mapped = true;
+    ++counts_.maps;
+  }
+
+  void set_access(std::uintptr_t address, std::size_t bytes)
+  {
+    maybe_fail(operation::set_access);
+    if (address % page_size_ != 0 || bytes == 0 || bytes % page_size_ != 0)
+      throw std::logic_error("simulated_pages: set_access off page boundaries");
+    for (std::uintptr_t a = address; a < address + bytes; a += page_size_)
+      if (granules_.count(a) == 0) throw std::logic_error("simulated_pages: set_access over unmapped memory");
+    for (std::uintptr_t a = address; a < address + bytes; a += page_size_) granules_[a] = true;
+    ++counts_.access_calls;
+  }
+
+  void unmap(std::uintptr_t address, std::size_t bytes)
+  {
+    maybe_fail(operation::unmap);
+    const auto it = mappings_.find(address);
+    if (it == mappings_.end()) throw std::logic_error("simulated_pages: unmap of an address where no mapping starts");
+    allocation& a = pages_.at(it->second);
+    if (a.bytes != bytes) throw std::logic_error("simulated_pages: unmap of part of a mapping");
+    for (std::uintptr_t g = address; g < address + bytes; g += page_size_) granules_.erase(g);
+    a.mapped = false;
+    mappings_.erase(it);
+    ++counts_.unmaps;
+  }
+
+  void synchronize()
+  {
+    maybe_fail(operation::synchronize);
+    ++counts_.synchronizes;
+  }
+
+  const page_counters& counts() const noexcept { return counts_; }
+
+  // For tests and planning.
+  /// True when every page touching [address, address + bytes) is mapped and accessible.
+  bool is_usable(std::uintptr_t address, std::size_t bytes) const
+  {
+    if (bytes == 0) return true;
+    for (std::uintptr_t a = address / page_size_ * page_size_; a < address + bytes; a += page_size_) {
+      const auto it = granules_.find(a);
+      if (it == granules_.end() || !it->second) return false;
+    }
+    return true;
+  }
+  /// Physical bytes that exist now (mapped or not), and the most that ever did.
+  std::size_t bytes_alive() const noexcept { return live_bytes_; }
+  std::size_t peak_bytes() const noexcept { return peak_bytes_; }
+  std::size_t allocations_alive() const noexcept { return pages_.size(); }
+  std::size_t bytes_mapped() const noexcept { return granules_.size() * page_size_; }
+  std::size_t ranges_reserved() const noexcept { return ranges_.size(); }
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// The next call of `op` after `successes` more successful ones throws (create: out_of_memory; others: a
+  /// std::runtime_error standing in for a driver failure). Once.
+  void fail_after(operation op, std::uint64_t successes) { failures_[op] = successes + 1; }
+
+private:
+  struct range {
+    std::uintptr_t mapping;
+    std::size_t span;
+    std::size_t bytes;
+  };
+  struct allocation {
+    std::size_t bytes;
+    bool mapped;
+  };
+
+  void maybe_fail(operation op)
+  {
+    const auto it = failures_.find(op);
+    if (it == failures_.end() || --it->second > 0) return;
+    failures_.erase(it);
+    if (op == operation::create) throw out_of_memory("simulated_pages", page_size_, "refused on purpose");
+    throw std::runtime_error("simulated_pages: call refused on purpose");
+  }
+
+  bool inside_reservation(std::uintptr_t address, std::size_t bytes) const
+  {
+    auto it = ranges_.upper_bound(address);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return address + bytes <= it->first + it->second.bytes;
+  }
+
+  void unreserve_all() noexcept
+  {
+    for (const auto& [address, r] : ranges_) ::munmap(reinterpret_cast<void*>(r.mapping), r.span);
+    ranges_.clear();
+  }
+
+  std::size_t page_size_ = std::size_t{2} << 20;
+  std::size_t capacity_ = SIZE_MAX;
+  std::map<std::uintptr_t, range> ranges_;
+  std::map<std::uintptr_t, page> mappings_;                ///< where each mapping starts
+  std::unordered_map<std::uintptr_t, bool> granules_;      ///< every mapped page: accessible yet?
+  std::unordered_map<page, allocation> pages_;             ///< live allocations, mapped or not
+  std::size_t live_bytes_ = 0;
+  std::size_t peak_bytes_ = 0;
+  page next_page_ = 1;
+  page_counters counts_;
+  std::map<operation, std::uint64_t> failures_;
+};
+
+static_assert(page_backend<simulated_pages>);
+
+} // namespace strata

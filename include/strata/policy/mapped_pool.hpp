@@ -1,0 +1,632 @@
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/cccl_names.hpp>
+#include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/core/properties.hpp>
+#include <strata/core/snapshot.hpp>
+#include <strata/core/usage.hpp>
+#include <strata/detail/object_pool.hpp>
+#include <strata/detail/pointer_map.hpp>
+#include <strata/detail/tlsf_index.hpp>
+#include <strata/pages/page_backend.hpp>
+
+namespace strata {
+
+/// A pool over page-mapped memory (CUDA virtual memory management). Two large address ranges are reserved,
+/// one for requests up to `small_limit` and one for larger ones (mixing them is what fragments); each is
+/// managed as one TLSF pool whose free blocks merge across page boundaries, so a range never fragments into
+/// chunks the way cudaMalloc'd chunks do. Physical memory stands only behind pages that live blocks touch:
+/// when a block lands on pages with nothing behind them, each run of such pages gets one physical allocation
+/// of exactly its size (one create, one map, one access call: the driver charges per call, not per byte).
+/// A mapping whose blocks are all freed stays mapped ("idle": reused in place at no cost) until idle memory
+/// passes the slack (`reclaim_slack` bytes, or `reclaim_slack_fraction` of the memory held); then the pool waits once for the device and unmaps and releases idle mappings,
+/// those idle longest first, until half the slack is left (batch reclaim: one host wait for many mappings,
+/// never a wait per mapping, and unmapping never races work still using the memory). Blocks are placed
+/// where pages are already mapped when one of the first `placement_candidates` free blocks that fit allows.
+/// A physical cap (`max_physical`) bounds what the pool holds; past it, idle mappings are reclaimed before
+/// out_of_memory. release() reclaims every idle mapping (what empty_cache does). Block headers and page
+/// states live in host memory; the memory handed out is never touched.
+///
+/// Backend: driver_pages (the CUDA driver, device memory) or simulated_pages (a pretend device, for tests
+/// and planning). Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's
+/// properties. Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the
+/// pages the block touches (one or two for small blocks) and a bounded placement search; a new mapping costs
+/// three driver calls, a reclaim one device wait and two driver calls per mapping reclaimed. Unsynchronized.
+/// Move-only; the address ranges are reserved on first use.
+template <page_backend Backend>
+class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
+public:
+  static constexpr std::size_t max_alignment = std::size_t{1} << 30;
+
+  struct options {
+    std::size_t max_physical = SIZE_MAX;                ///< never hold more physical memory than this
+    std::size_t small_limit = std::size_t{1} << 20;     ///< requests up to this share one address range
+    std::size_t address_space = std::size_t{1} << 38;   ///< bytes reserved for each of the two ranges
+    std::size_t reclaim_slack = 0;                      ///< idle mapped bytes kept before a reclaim...
+    double reclaim_slack_fraction = 0.01;               ///< ... or this share of the physical memory held, if more
+    std::size_t max_mapping = std::size_t{32} << 20;    ///< the largest physical allocation (a multiple of the page)
+    int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
+  };
+  // The defaults are the best trade found replaying bench/traces (docs/memory.md): one percent of idle memory
+  // and mappings of at most 32 MiB keep every trace within 1-3% of its live peak at a few thousand driver
+  // calls; a larger slack or mapping trades memory for fewer calls.
+
+  explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
+  mapped_pool(Backend backend, options opts) : backend_(std::move(backend)), opts_(opts)
+  {
+    const std::size_t page = backend_.page_size();
+    if (opts.address_space == 0 || opts.address_space % page != 0 || opts.address_space % max_alignment != 0)
+      throw std::invalid_argument("mapped_pool: address_space " + std::to_string(opts.address_space) +
+                                  " must be a positive multiple of 1 GiB and of the page size " + std::to_string(page));
+    if (opts.max_physical < page)
+      throw std::invalid_argument("mapped_pool: max_physical " + std::to_string(opts.max_physical) + " is less than one page of " +
+                                  std::to_string(page) + " bytes");
+    if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0))
+      throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
+                                  "reclaim_slack_fraction within [0, 1]");
+  }
+
+  mapped_pool(mapped_pool&& other) noexcept : backend_(std::move(other.backend_)), opts_(other.opts_) { take(other); }
+  mapped_pool& operator=(mapped_pool&& other) noexcept
+  {
+    if (this != &other) {
+      return_everything();
+      backend_ = std::move(other.backend_);
+      opts_ = other.opts_;
+      take(other);
+    }
+    return *this;
+  }
+  mapped_pool(const mapped_pool&) = delete;
+  mapped_pool& operator=(const mapped_pool&) = delete;
+  ~mapped_pool() { return_everything(); }
+
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    check_alignment("mapped_pool", alignment, max_alignment);
+    if (bytes == 0) return nullptr;
+    if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
+    const std::size_t size = align_up(bytes, granule);
+    band& bd = band_for(size);
+    if (bd.size != 0) return allocate_in(bd, bytes, size, effective_alignment(alignment));
+    reserve_band(bd, bytes);
+    try {
+      return allocate_in(bd, bytes, size, effective_alignment(alignment));
+    } catch (...) {
+      unreserve_band(bd);  // the first request failed: as if it had never come
+      throw;
+    }
+  }
+
+  void deallocate(void* p, std::size_t, std::size_t = default_alignment) noexcept
+  {
+    if (p == nullptr) return;
+    block* b = nullptr;
+    if (!used_.take(p, &b)) return;  // not ours: undefined by the rules; checked<> reports it
+    band& bd = band_of(b->address);
+    in_use_ -= b->size;
+    let_go_pages(bd, page_of(bd, b->address), page_of(bd, b->address + b->size - 1));
+    b->free = true;
+    if (b->next != nullptr && b->next->free) {
+      bd.free.remove(b->next);
+      absorb_next(b);
+    }
+    if (b->prev != nullptr && b->prev->free) {
+      block* prev = b->prev;
+      bd.free.remove(prev);
+      absorb_next(prev);
+      b = prev;
+    }
+    bd.free.insert(b);
+  }
+
+  /// What a request consumes: rounded up to 256 bytes (SIZE_MAX for a size no pool can serve).
+  std::size_t good_size(std::size_t bytes, std::size_t = default_alignment) const noexcept
+  {
+    std::size_t size = 0;
+    return bytes == 0 ? 0 : checked_align_up(bytes, granule, size) ? size : SIZE_MAX;
+  }
+
+  /// Whether the request would land on pages already mapped (no physical memory created).
+  bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
+  {
+    if (bytes == 0) return true;
+    if (bytes > opts_.address_space / 2 || !is_power_of_two(alignment) || alignment > max_alignment) return false;
+    const std::size_t size = align_up(bytes, granule);
+    const std::size_t align = effective_alignment(alignment);
+    const band& bd = bands_[size <= opts_.small_limit ? 0 : 1];
+    if (bd.size == 0) return false;
+    const block* b = place(bd, size, align);
+    return b != nullptr && unmapped_pages(bd, align_address(b->address, align), size) == 0;
+  }
+
+  /// True when p is the start of a block this pool handed out and has not taken back.
+  bool owns(const void* p) const noexcept { return used_.contains(p); }
+
+  /// Waits for the device once, then unmaps and releases every idle mapping; returns the bytes given back.
+  std::size_t release()
+  {
+    const std::size_t before = physical_;
+    if (idle_bytes_ > 0) reclaim(nullptr, 0, 0, SIZE_MAX);
+    return before - physical_;
+  }
+
+  strata::usage usage() const noexcept
+  {
+    const std::size_t largest = std::max(bands_[0].free.largest(), bands_[1].free.largest());
+    return {.reserved = physical_, .in_use = in_use_, .largest_free = std::min(largest, physical_ - in_use_),
+            .chunks = mappings_live_, .used_blocks = used_.size(), .free_blocks = bands_[0].free.count() + bands_[1].free.count()};
+  }
+
+  /// Each address range up to its highest page ever touched, with its blocks (the last free block clipped).
+  strata::snapshot snapshot() const
+  {
+    strata::snapshot s{.box = "mapped_pool", .segments = {}};
+    for (const band& bd : bands_) {
+      if (bd.size == 0 || bd.pages.empty()) continue;
+      const std::size_t extent = bd.pages.size() * page_size();
+      segment_info seg{.address = bd.base, .size = extent, .blocks = {}};
+      for (const block* b = bd.first; b != nullptr && b->address < bd.base + extent; b = b->next)
+        seg.blocks.push_back({b->address - bd.base, std::min(b->size, bd.base + extent - b->address), b->free, -1});
+      s.segments.push_back(std::move(seg));
+    }
+    return s;
+  }
+
+  std::size_t page_size() const noexcept { return backend_.page_size(); }
+  /// Physical memory held now, and the most ever held.
+  std::size_t physical_bytes() const noexcept { return physical_; }
+  std::size_t peak_physical_bytes() const noexcept { return peak_physical_; }
+  /// Physical memory mapped behind no live block (reused in place, or reclaimed).
+  std::size_t idle_bytes() const noexcept { return idle_bytes_; }
+  std::size_t mappings() const noexcept { return mappings_live_; }
+  /// Driver calls made so far (creates, maps, unmaps, device waits...).
+  const page_counters& page_calls() const noexcept { return backend_.counts(); }
+  void reset_peak() noexcept { peak_physical_ = physical_; }
+
+  Backend& backend() noexcept { return backend_; }
+  const Backend& backend() const noexcept { return backend_; }
+  const options& settings() const noexcept { return opts_; }
+
+  friend bool operator==(const mapped_pool& a, const mapped_pool& b) noexcept { return &a == &b; }
+
+private:
+  static constexpr std::size_t granule = detail::tlsf::granule;
+  static constexpr std::uint32_t no_mapping = UINT32_MAX;
+  using page_handle = typename Backend::page;
+
+  struct block {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    block* prev = nullptr;
+    block* next = nullptr;
+    block* free_prev = nullptr;
+    block* free_next = nullptr;
+    bool free = false;
+  };
+
+  struct page_state {
+    std::uint32_t live = 0;                ///< live blocks touching the page
+    std::uint32_t mapping = no_mapping;    ///< the physical allocation behind it
+  };
+
+  /// One physical allocation mapped at pages [first, first + count) of a band.
+  struct mapping {
+    page_handle page{};
+    std::uint32_t band = 0;
+    std::size_t first = 0;
+    std::size_t count = 0;
+    std::size_t busy = 0;  ///< its pages touched by live blocks
+    bool idle = false;     ///< counted in idle_bytes_
+    bool listed = false;   ///< in the idle queue (entries are re-checked when taken)
+  };
+
+  /// One reserved address range; `pages` grows to the highest page touched.
+  struct band {
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    block* first = nullptr;
+    detail::tlsf_index<block> free;
+    std::vector<page_state> pages;
+  };
+
+  [[noreturn]] void throw_oom(std::size_t bytes, const std::string& why) const
+  {
+    throw out_of_memory("mapped_pool", bytes, why + "; physical " + std::to_string(physical_) + " bytes, in use " +
+                                                std::to_string(in_use_) + " bytes");
+  }
+
+  band& band_for(std::size_t size) noexcept { return bands_[size <= opts_.small_limit ? 0 : 1]; }
+  band& band_of(std::uintptr_t address) noexcept { return address - bands_[0].base < bands_[0].size ? bands_[0] : bands_[1]; }
+  std::size_t page_of(const band& bd, std::uintptr_t address) const noexcept { return (address - bd.base) / page_size(); }
+  std::uintptr_t address_of(const band& bd, std::size_t page) const noexcept { return bd.base + page * page_size(); }
+  std::size_t bytes_of(const mapping& m) const noexcept { return m.count * page_size(); }
+
+  void reserve_band(band& bd, std::size_t bytes)
+  {
+    block* whole = nodes_.make();
+    std::uintptr_t base = 0;
+    try {
+      base = backend_.reserve(opts_.address_space, max_alignment);
+    } catch (const out_of_memory&) {
+      nodes_.recycle(whole);
+      throw_oom(bytes, "cannot reserve an address range");
+    } catch (...) {
+      nodes_.recycle(whole);
+      throw;
+    }
+    *whole = block{.address = base, .size = opts_.address_space, .free = true};
+    bd.base = base;
+    bd.size = opts_.address_space;
+    bd.first = whole;
+    bd.free.insert(whole);
+  }
+
+  void unreserve_band(band& bd) noexcept
+  {
+    nodes_.recycle(bd.first);
+    backend_.unreserve(bd.base, bd.size);
+    bd = band{};
+  }
+
+  void* allocate_in(band& bd, std::size_t bytes, std::size_t size, std::size_t align)
+  {
+    block* b = place(bd, size, align);
+    if (b == nullptr) throw_oom(bytes, "no free address range of that size left");
+    const std::uintptr_t start = align_address(b->address, align);
+    block* front = start > b->address ? nodes_.make() : nullptr;
+    block* tail = nullptr;
+    bool grew = false;
+    try {
+      if (start + size < b->address + b->size) tail = nodes_.make();
+      used_.insert(reinterpret_cast<void*>(start), b);
+      try {
+        grew = hold_pages(bd, page_of(bd, start), page_of(bd, start + size - 1), bytes);
+      } catch (...) {
+        used_.erase(reinterpret_cast<void*>(start));
+        throw;
+      }
+    } catch (...) {
+      if (front != nullptr) nodes_.recycle(front);
+      if (tail != nullptr) nodes_.recycle(tail);
+      throw;
+    }
+    carve(bd, b, start, size, front, tail);
+    in_use_ += size;
+    if (grew) trim_idle();
+    return reinterpret_cast<void*>(start);
+  }
+
+  /// After the pool grew: idle memory past the slack goes back, down to half the slack. Best effort: the
+  /// allocation has succeeded, so a failed wait or unmap only leaves idle memory for a later attempt.
+  void trim_idle() noexcept
+  {
+    const std::size_t slack = std::max(opts_.reclaim_slack, static_cast<std::size_t>(opts_.reclaim_slack_fraction * static_cast<double>(physical_)));
+    if (idle_bytes_ <= slack) return;
+    try {
+      reclaim(nullptr, 0, 0, idle_bytes_ - slack / 2);
+    } catch (...) {
+    }
+  }
+
+  std::size_t unmapped_pages(const band& bd, std::uintptr_t start, std::size_t size) const noexcept
+  {
+    std::size_t unmapped = 0;
+    for (std::size_t p = page_of(bd, start), last = page_of(bd, start + size - 1); p <= last; ++p)
+      unmapped += p >= bd.pages.size() || bd.pages[p].mapping == no_mapping;
+    return unmapped;
+  }
+
+  /// A free block for the request, preferring one whose pages are already mapped (no driver call, no
+  /// physical memory added) among the first few that fit.
+  block* place(const band& bd, std::size_t size, std::size_t align) const noexcept
+  {
+    return bd.free.find_cheapest(size + (align - granule), opts_.placement_candidates,
+                                 [&](const block* b) { return unmapped_pages(bd, align_address(b->address, align), size); });
+  }
+
+  /// Takes [start, start + size) out of free block b (already found to fit); the pieces before and after
+  /// become free blocks made from the nodes given. Cannot fail.
+  void carve(band& bd, block* b, std::uintptr_t start, std::size_t size, block* front, block* tail) noexcept
+  {
+    bd.free.remove(b);
+    if (front != nullptr) {
+      *front = block{.address = b->address, .size = start - b->address, .prev = b->prev, .next = b, .free = true};
+      if (b->prev != nullptr) b->prev->next = front;
+      else bd.first = front;
+      b->prev = front;
+      b->size -= front->size;
+      b->address = start;
+      bd.free.insert(front);
+    }
+    if (tail != nullptr) {
+      *tail = block{.address = start + size, .size = b->size - size, .prev = b, .next = b->next, .free = true};
+      if (b->next != nullptr) b->next->prev = tail;
+      b->next = tail;
+      b->size = size;
+      bd.free.insert(tail);
+    }
+    b->free = false;
+  }
+
+  void absorb_next(block* b) noexcept
+  {
+    block* n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    nodes_.recycle(n);
+  }
+
+  /// Puts physical memory behind pages [first, last] of bd and counts one more live block on each; true when
+  /// it had to map new memory. On failure every page is as it was, except that idle memory reclaimed to
+  /// stay under the cap stays reclaimed (no live block moves; only `reserved` can be lower).
+  bool hold_pages(band& bd, std::size_t first, std::size_t last, std::size_t bytes)
+  {
+    if (last >= bd.pages.size()) grow_page_table(bd, last + 1);
+    std::size_t unmapped = 0, idle_in_range = 0;
+    std::uint32_t previous = no_mapping;
+    for (std::size_t p = first; p <= last; ++p) {
+      const std::uint32_t m = bd.pages[p].mapping;
+      if (m == no_mapping) ++unmapped;
+      else if (m != previous && mappings_[m].idle) idle_in_range += bytes_of(mappings_[m]);
+      previous = m;
+    }
+    if (unmapped > 0) map_runs(bd, first, last, unmapped * page_size(), idle_in_range, bytes);
+    for (std::size_t p = first; p <= last; ++p) {
+      if (bd.pages[p].live++ != 0) continue;
+      mapping& m = mappings_[bd.pages[p].mapping];
+      if (m.busy++ == 0 && m.idle) {
+        m.idle = false;
+        idle_bytes_ -= bytes_of(m);
+      }
+    }
+    return unmapped > 0;
+  }
+
+  void let_go_pages(band& bd, std::size_t first, std::size_t last) noexcept
+  {
+    for (std::size_t p = first; p <= last; ++p) {
+      if (--bd.pages[p].live != 0) continue;
+      const std::uint32_t slot = bd.pages[p].mapping;
+      mapping& m = mappings_[slot];
+      if (--m.busy != 0) continue;
+      m.idle = true;
+      idle_bytes_ += bytes_of(m);
+      if (!m.listed) list_idle(slot);
+    }
+  }
+
+  /// Files an idle mapping. Never allocates: the queue's capacity covers every mapping slot, each listed at
+  /// most once, and the taken entries at its head are dropped when it is full.
+  void list_idle(std::uint32_t slot) noexcept
+  {
+    if (idle_.size() == idle_.capacity()) {
+      idle_.erase(idle_.begin(), idle_.begin() + static_cast<std::ptrdiff_t>(idle_head_));
+      idle_head_ = 0;
+    }
+    mappings_[slot].listed = true;
+    idle_.push_back(slot);
+  }
+
+  void grow_page_table(band& bd, std::size_t pages)
+  {
+    bd.pages.resize(std::max(pages, std::min(bd.size / page_size(), bd.pages.size() * 2)));
+  }
+
+  /// Room for `more` mapping records, so recording them and later listing or freeing them cannot throw.
+  void reserve_mapping_slots(std::size_t more)
+  {
+    const std::size_t total = mappings_live_ + more;
+    if (total <= mappings_.capacity() && total <= idle_.capacity() && total <= free_slots_.capacity()) return;
+    const std::size_t want = std::max(total, 2 * mappings_.capacity());
+    mappings_.reserve(want);
+    idle_.reserve(want);
+    free_slots_.reserve(want);
+  }
+
+  /// Maps every run of unmapped pages in [first, last], one physical allocation per run (split at
+  /// max_mapping). First, when the cap would be passed, idle memory elsewhere is reclaimed to make room.
+  void map_runs(band& bd, std::size_t first, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes)
+  {
+    const std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
+    if (physical_ + needed > opts_.max_physical && idle_elsewhere > 0)
+      reclaim(&bd, first, last, physical_ + needed - opts_.max_physical);
+    if (physical_ + needed > opts_.max_physical)
+      throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
+    const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page_size());
+    reserve_mapping_slots(needed / page_size());
+    std::vector<std::uint32_t> made;
+    made.reserve(needed / page_size());
+    try {
+      for (std::size_t p = first; p <= last;) {
+        if (bd.pages[p].mapping != no_mapping) {
+          ++p;
+          continue;
+        }
+        std::size_t run = 0;
+        while (p + run <= last && run < max_run && bd.pages[p + run].mapping == no_mapping) ++run;
+        made.push_back(map_one(bd, p, run));
+        p += run;
+      }
+    } catch (...) {
+      for (std::uint32_t slot : made) drop_mapping(slot);
+      throw;
+    }
+  }
+
+  /// One physical allocation behind pages [first, first + count): create, map, set access; all or nothing.
+  std::uint32_t map_one(band& bd, std::size_t first, std::size_t count)
+  {
+    const std::size_t bytes = count * page_size();
+    const std::uintptr_t address = address_of(bd, first);
+    const page_handle page = backend_.create(bytes);
+    try {
+      backend_.map(address, page, bytes);
+      try {
+        backend_.set_access(address, bytes);
+      } catch (...) {
+        backend_.unmap(address, bytes);
+        throw;
+      }
+    } catch (...) {
+      backend_.destroy(page);
+      throw;
+    }
+    std::uint32_t slot = 0;
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      slot = static_cast<std::uint32_t>(mappings_.size());
+      mappings_.emplace_back();  // capacity reserved
+    }
+    mappings_[slot] = mapping{.page = page, .band = static_cast<std::uint32_t>(&bd - bands_), .first = first, .count = count};
+    for (std::size_t p = first; p < first + count; ++p) bd.pages[p].mapping = slot;
+    ++mappings_live_;
+    physical_ += bytes;
+    peak_physical_ = std::max(peak_physical_, physical_);
+    return slot;
+  }
+
+  /// Unmaps and releases a mapping no live block touches.
+  void drop_mapping(std::uint32_t slot) noexcept
+  {
+    mapping& m = mappings_[slot];
+    try {
+      backend_.unmap(address_of(bands_[m.band], m.first), bytes_of(m));
+    } catch (...) {
+      return;  // the driver kept it: it stays mapped, and is retried by a later reclaim or teardown
+    }
+    if (m.idle) idle_bytes_ -= bytes_of(m);
+    release_unmapped(slot);
+  }
+
+  /// One device wait, then idle mappings, those idle longest first, are unmapped and released until `want`
+  /// bytes are gone; mappings touching [first, last] of `keep` (the request being served) stay.
+  void reclaim(const band* keep, std::size_t first, std::size_t last, std::size_t want)
+  {
+    std::vector<std::uint32_t> kept;
+    if (keep != nullptr) kept.reserve(last - first + 1);
+    backend_.synchronize();
+    std::size_t done = 0;
+    try {
+      while (idle_head_ < idle_.size() && done < want) {
+        const std::uint32_t slot = idle_[idle_head_];
+        mapping& m = mappings_[slot];
+        if (!m.idle) {
+          m.listed = false;  // stale: reused since it went idle
+        } else if (keep != nullptr && &bands_[m.band] == keep && m.first <= last && m.first + m.count > first) {
+          kept.push_back(slot);
+        } else {
+          const band& bd = bands_[m.band];
+          backend_.unmap(address_of(bd, m.first), bytes_of(m));  // throws before anything changed
+          m.listed = false;
+          m.idle = false;
+          idle_bytes_ -= bytes_of(m);
+          done += bytes_of(m);
+          release_unmapped(slot);
+        }
+        ++idle_head_;
+      }
+    } catch (...) {
+      requeue(kept);
+      throw;
+    }
+    requeue(kept);
+    if (idle_head_ == idle_.size()) {
+      idle_.clear();
+      idle_head_ = 0;
+    }
+  }
+
+  /// The second half of dropping a mapping, once it is unmapped.
+  void release_unmapped(std::uint32_t slot) noexcept
+  {
+    mapping& m = mappings_[slot];
+    band& bd = bands_[m.band];
+    backend_.destroy(m.page);
+    for (std::size_t p = m.first; p < m.first + m.count; ++p) bd.pages[p].mapping = no_mapping;
+    physical_ -= bytes_of(m);
+    --mappings_live_;
+    m = mapping{};
+    free_slots_.push_back(slot);  // capacity reserved for every slot
+  }
+
+  void requeue(const std::vector<std::uint32_t>& slots) noexcept
+  {
+    for (std::uint32_t slot : slots) list_idle(slot);
+  }
+
+  void return_everything() noexcept
+  {
+    for (std::uint32_t slot = 0; slot < mappings_.size(); ++slot) {
+      mapping& m = mappings_[slot];
+      if (m.count == 0) continue;
+      try {
+        backend_.unmap(address_of(bands_[m.band], m.first), bytes_of(m));
+      } catch (...) {
+        // The driver may be gone at exit; the process's mappings go with it.
+      }
+      backend_.destroy(m.page);
+    }
+    for (band& bd : bands_) {
+      for (block* b = bd.first; b != nullptr;) {
+        block* next = b->next;
+        nodes_.recycle(b);
+        b = next;
+      }
+      if (bd.size != 0) backend_.unreserve(bd.base, bd.size);
+      bd = band{};
+    }
+    mappings_.clear();
+    free_slots_.clear();
+    idle_.clear();
+    idle_head_ = 0;
+    used_.clear();
+    physical_ = idle_bytes_ = in_use_ = mappings_live_ = 0;
+  }
+
+  void take(mapped_pool& other) noexcept
+  {
+    for (int i = 0; i < 2; ++i) bands_[i] = std::exchange(other.bands_[i], band{});
+    nodes_ = std::move(other.nodes_);
+    used_ = std::move(other.used_);
+    other.used_ = detail::pointer_map<block*>{};
+    mappings_ = std::exchange(other.mappings_, {});
+    free_slots_ = std::exchange(other.free_slots_, {});
+    idle_ = std::exchange(other.idle_, {});
+    idle_head_ = std::exchange(other.idle_head_, 0);
+    physical_ = std::exchange(other.physical_, 0);
+    peak_physical_ = std::exchange(other.peak_physical_, 0);
+    idle_bytes_ = std::exchange(other.idle_bytes_, 0);
+    in_use_ = std::exchange(other.in_use_, 0);
+    mappings_live_ = std::exchange(other.mappings_live_, 0);
+  }
+
+  [[no_unique_address]] Backend backend_;
+  options opts_;
+  band bands_[2];
+  detail::object_pool<block> nodes_;
+  detail::pointer_map<block*> used_;
+  std::vector<mapping> mappings_;           ///< slots, recycled through free_slots_
+  std::vector<std::uint32_t> free_slots_;
+  std::vector<std::uint32_t> idle_;         ///< idle mappings, oldest first from idle_head_
+  std::size_t idle_head_ = 0;
+  std::size_t physical_ = 0;
+  std::size_t peak_physical_ = 0;
+  std::size_t idle_bytes_ = 0;
+  std::size_t in_use_ = 0;
+  std::size_t mappings_live_ = 0;
+};
+
+} // namespace strata

@@ -1,0 +1,291 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include <strata/core/snapshot.hpp>
+#include <strata/pages/simulated_pages.hpp>
+#include <strata/policy/mapped_pool.hpp>
+#include "support/conformance.hpp"
+#include "support/invariants.hpp"
+
+using namespace strata;
+using pool_t = mapped_pool<simulated_pages>;
+using op = simulated_pages::operation;
+
+namespace {
+
+constexpr std::size_t page = std::size_t{2} << 20;
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+/// The pool's own figures agree with the pretend device's: what the pool says it holds exists, and every
+/// live byte sits on mapped, accessible memory.
+void check_against_device(const pool_t& pool, const testing::live_set& live)
+{
+  const simulated_pages& device = pool.backend();
+  REQUIRE(pool.physical_bytes() == device.bytes_alive());
+  REQUIRE(pool.usage().reserved == device.bytes_alive());
+  REQUIRE(device.bytes_mapped() == device.bytes_alive());  // nothing physical sits unmapped
+  REQUIRE(pool.idle_bytes() <= pool.physical_bytes());
+  for (const auto& b : live.blocks()) REQUIRE(device.is_usable(reinterpret_cast<std::uintptr_t>(b.p), b.bytes));
+}
+
+struct pool_figures {
+  usage u;
+  std::size_t device_bytes;
+  bool operator==(const pool_figures&) const = default;
+};
+pool_figures figures_of(const pool_t& pool) { return {pool.usage(), pool.backend().bytes_alive()}; }
+
+/// After a failed allocate: every live block and figure of use as before; only idle memory may have gone back
+/// to the device (reclaimed trying to stay under a cap).
+void check_unchanged_but_idle(const pool_figures& before, const pool_t& pool)
+{
+  const pool_figures after = figures_of(pool);
+  CHECK(after.u.in_use == before.u.in_use);
+  CHECK(after.u.used_blocks == before.u.used_blocks);
+  CHECK(after.u.free_blocks == before.u.free_blocks);
+  CHECK(after.u.reserved <= before.u.reserved);
+  CHECK(after.device_bytes == after.u.reserved);
+}
+
+} // namespace
+
+static_assert(resource<pool_t> && owning_resource<pool_t> && releasable_resource<pool_t> && sized_resource<pool_t>);
+static_assert(usage_reporting_resource<pool_t> && snapshot_resource<pool_t> && room_reporting_resource<pool_t>);
+static_assert(!has_property<pool_t, device_accessible> && !has_property<pool_t, host_accessible>);
+static_assert(!std::is_copy_constructible_v<pool_t> && std::is_nothrow_move_constructible_v<pool_t>);
+
+TEST_CASE("mapped_pool conforms")
+{
+  pool_t pool;
+  testing::check_conformance(pool, {.max_alignment = 1 << 30, .rejects_above = 1 << 30});
+}
+
+TEST_CASE("mapped_pool: randomized, every live byte on mapped memory, usage exact, everything back at the end")
+{
+  for (const bool log_uniform : {true, false}) {
+    CAPTURE(log_uniform);
+    pool_t pool;
+    std::mt19937_64 rng(log_uniform ? 7 : 8);
+    std::uniform_real_distribution<double> log_size(0, std::log2(64.0 * mib));
+    std::uniform_int_distribution<std::size_t> uniform_size(1, 8 * mib);
+    std::uniform_int_distribution<int> percent(0, 99);
+    testing::live_set live;
+    std::size_t allocations = 0;
+    for (int step = 0; step < 20'000; ++step) {
+      if (live.size() == 0 || (live.size() < 300 && percent(rng) < 50)) {
+        const std::size_t bytes = log_uniform ? static_cast<std::size_t>(std::exp2(log_size(rng))) : uniform_size(rng);
+        const std::size_t align = percent(rng) < 10 ? std::size_t{1} << (8 + percent(rng) % 14) : default_alignment;
+        void* p = pool.allocate(bytes, align);  // no cap: a refusal is a failure
+        REQUIRE(is_aligned(p, align));
+        REQUIRE(live.add({p, bytes, align}));
+        ++allocations;
+      } else {
+        const auto b = live.take(std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng));
+        pool.deallocate(b.p, b.bytes, b.alignment);
+      }
+      testing::check_usage(pool, live);
+      if (step % 16 == 0) check_against_device(pool, live);
+    }
+    CHECK(allocations > 9'000);
+    CHECK(pool.page_calls().creates > 0);
+    while (live.size() > 0) {
+      const auto b = live.take(0);
+      pool.deallocate(b.p, b.bytes, b.alignment);
+    }
+    CHECK(pool.usage().in_use == 0);
+    CHECK(pool.release() > 0);
+    CHECK(pool.physical_bytes() == 0);
+    CHECK(pool.backend().bytes_alive() == 0);
+    CHECK(pool.backend().bytes_mapped() == 0);
+    CHECK(pool.page_calls().creates == pool.page_calls().releases);
+  }
+}
+
+TEST_CASE("mapped_pool: physical memory follows the live blocks, not the address range's high-water mark")
+{
+  pool_t pool{simulated_pages{}, {.small_limit = mib, .reclaim_slack = 0, .reclaim_slack_fraction = 0.0}};
+  void* a = pool.allocate(8 * mib);
+  void* b = pool.allocate(8 * mib);
+  CHECK(pool.physical_bytes() == 16 * mib);
+  CHECK(pool.mappings() == 2);
+  pool.deallocate(a, 8 * mib);
+  CHECK(pool.idle_bytes() == 8 * mib);  // still mapped: reused in place at no cost
+  void* again = pool.allocate(6 * mib);
+  CHECK(again == a);
+  CHECK(pool.page_calls().creates == 2);
+  pool.deallocate(again, 6 * mib);
+  // 16 MiB cannot fit the 8 MiB hole: new memory, and the idle mapping goes back first (one device wait).
+  void* c = pool.allocate(16 * mib);
+  CHECK(pool.page_calls().synchronizes == 1);
+  CHECK(pool.page_calls().unmaps == 1);
+  CHECK(pool.physical_bytes() == 24 * mib);
+  CHECK(pool.idle_bytes() == 0);
+  for (auto [p, n] : {std::pair{b, 8 * mib}, std::pair{c, 16 * mib}}) pool.deallocate(p, n);
+  CHECK(pool.release() == 24 * mib);
+  CHECK(pool.page_calls().synchronizes == 2);
+  CHECK(pool.backend().bytes_alive() == 0);
+}
+
+TEST_CASE("mapped_pool: small blocks share pages; a block spanning pages is wholly usable")
+{
+  pool_t pool;
+  testing::live_set live;
+  for (int i = 0; i < 64; ++i) {
+    void* p = pool.allocate(100'000);
+    REQUIRE(live.add({p, 100'000, 256}));
+  }
+  CHECK(pool.physical_bytes() <= 4 * page);  // 6.4 MB of small blocks on at most four 2 MiB pages
+  void* big = pool.allocate(5 * mib + 3);
+  REQUIRE(live.add({big, 5 * mib + 3, 256}));
+  check_against_device(pool, live);
+  while (live.size() > 0) {
+    const auto b = live.take(0);
+    pool.deallocate(b.p, b.bytes, b.alignment);
+  }
+}
+
+TEST_CASE("mapped_pool: the physical cap is out_of_memory naming the pool, with nothing changed")
+{
+  pool_t pool{simulated_pages{}, {.max_physical = 64 * mib}};
+  std::vector<void*> blocks;
+  try {
+    for (;;) blocks.push_back(pool.allocate(10 * mib));
+  } catch (const out_of_memory& e) {
+    CHECK(std::string(e.what()).find("mapped_pool") != std::string::npos);
+    CHECK(std::string(e.what()).find("cap") != std::string::npos);
+  }
+  CHECK(blocks.size() == 6);
+  const pool_figures before = figures_of(pool);
+  CHECK_THROWS_AS((void)pool.allocate(10 * mib), out_of_memory);
+  CHECK(figures_of(pool) == before);
+  // Idle memory is reclaimed before the cap refuses: free two, and a 16 MiB block fits.
+  pool.deallocate(blocks[0], 10 * mib);
+  pool.deallocate(blocks[1], 10 * mib);
+  void* p = pool.allocate(16 * mib);
+  CHECK(pool.physical_bytes() <= 64 * mib);
+  pool.deallocate(p, 16 * mib);
+  for (std::size_t i = 2; i < blocks.size(); ++i) pool.deallocate(blocks[i], 10 * mib);
+}
+
+TEST_CASE("mapped_pool: at the cap, a request too large gives idle memory back and fails cleanly")
+{
+  pool_t pool{simulated_pages{}, {.max_physical = 64 * mib, .reclaim_slack = 64 * mib}};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(pool.allocate(10 * mib));
+  pool.deallocate(blocks.front(), 10 * mib);  // a hole no 40 MiB block fits in
+  blocks.erase(blocks.begin());
+  CHECK(pool.idle_bytes() == 10 * mib);
+  const pool_figures at_cap = figures_of(pool);
+  CHECK_THROWS_AS((void)pool.allocate(40 * mib), out_of_memory);
+  check_unchanged_but_idle(at_cap, pool);
+  CHECK(pool.physical_bytes() == 50 * mib);
+  for (void* b : blocks) pool.deallocate(b, 10 * mib);
+}
+
+TEST_CASE("mapped_pool: a full device is out_of_memory with nothing changed")
+{
+  pool_t pool{simulated_pages{page, 32 * mib}};
+  void* a = pool.allocate(30 * mib);
+  const pool_figures before = figures_of(pool);
+  CHECK_THROWS_AS((void)pool.allocate(4 * mib), out_of_memory);
+  CHECK(figures_of(pool) == before);
+  pool.deallocate(a, 30 * mib);
+  void* b = pool.allocate(4 * mib);  // the idle 30 MiB is reclaimed under the device's limit
+  CHECK(b != nullptr);
+  pool.deallocate(b, 4 * mib);
+}
+
+TEST_CASE("mapped_pool: a failed driver call anywhere leaves the pool exactly as it was")
+{
+  for (const op which : {op::create, op::map, op::set_access, op::unmap, op::synchronize}) {
+    for (std::uint64_t after = 0; after < 6; ++after) {
+      CAPTURE(static_cast<int>(which));
+      CAPTURE(after);
+      pool_t pool{simulated_pages{}, {.reclaim_slack = 0, .reclaim_slack_fraction = 0.0}};
+      pool.backend().fail_after(which, after);
+      std::mt19937_64 rng(after);
+      testing::live_set live;
+      int failures = 0, successes = 0;
+      for (int step = 0; step < 400; ++step) {
+        if (live.size() < 40 && (live.size() == 0 || rng() % 2 == 0)) {
+          const std::size_t bytes = std::size_t{1} << (10 + rng() % 15);
+          const pool_figures before = figures_of(pool);
+          try {
+            void* p = pool.allocate(bytes);
+            REQUIRE(live.add({p, bytes, 256}));
+            ++successes;
+          } catch (const std::exception&) {
+            ++failures;
+            REQUIRE(figures_of(pool) == before);  // no cap here: nothing is reclaimed before a failure
+          }
+        } else {
+          const auto b = live.take(rng() % live.size());
+          pool.deallocate(b.p, b.bytes);
+        }
+        check_against_device(pool, live);
+      }
+      CHECK(successes > 100);
+      if (which != op::unmap && which != op::synchronize) CHECK(failures == 1);
+      while (live.size() > 0) {
+        const auto b = live.take(0);
+        pool.deallocate(b.p, b.bytes);
+      }
+      try {
+        pool.release();  // may meet the injected failure if the workload never did
+      } catch (const std::runtime_error&) {
+        CHECK(pool.backend().bytes_alive() == pool.physical_bytes());
+      }
+      pool.release();
+      CHECK(pool.backend().bytes_alive() == 0);
+    }
+  }
+}
+
+TEST_CASE("mapped_pool: bad options are std::invalid_argument")
+{
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.address_space = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.address_space = 3 * page}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_physical = mib}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_mapping = 4096}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_slack_fraction = 2.0}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.placement_candidates = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(simulated_pages(3 * mib), std::invalid_argument);  // not a power-of-two page
+}
+
+TEST_CASE("mapped_pool: moves hand the memory over; the moved-from pool is empty and usable")
+{
+  pool_t a;
+  void* p = a.allocate(3 * mib);
+  pool_t b = std::move(a);
+  CHECK(b.owns(p));
+  CHECK_FALSE(a.owns(p));
+  CHECK(a.usage().reserved == 0);
+  void* q = a.allocate(1000);  // reserves its own range afresh
+  CHECK(a.owns(q));
+  a.deallocate(q, 1000);
+  b.deallocate(p, 3 * mib);
+  a = std::move(b);
+  CHECK(a.usage().in_use == 0);
+}
+
+TEST_CASE("mapped_pool: has_room_for, good_size, snapshot")
+{
+  pool_t pool;
+  CHECK_FALSE(pool.has_room_for(1000));  // nothing mapped yet
+  void* p = pool.allocate(1000);
+  CHECK(pool.has_room_for(1000));  // the rest of the page is mapped
+  CHECK_FALSE(pool.has_room_for(64 * mib));
+  CHECK(pool.good_size(1000) == 1024);
+  CHECK(pool.good_size(SIZE_MAX) == SIZE_MAX);
+  const strata::snapshot s = pool.snapshot();
+  REQUIRE(s.segments.size() == 1);
+  std::size_t covered = 0;
+  for (const auto& b : s.segments[0].blocks) covered += b.size;
+  CHECK(covered == s.segments[0].size);
+  CHECK(to_json(s).find("mapped_pool") != std::string::npos);
+  pool.deallocate(p, 1000);
+}

@@ -1,0 +1,65 @@
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+
+#include <strata/core/errors.hpp>
+#include <strata/pages/simulated_pages.hpp>
+
+using strata::simulated_pages;
+
+namespace {
+constexpr std::size_t page = std::size_t{2} << 20;
+}
+
+TEST_CASE("simulated_pages keeps the rules the driver enforces")
+{
+  simulated_pages pages;
+  const std::uintptr_t base = pages.reserve(64 * page, std::size_t{1} << 30);
+  CHECK(base % (std::size_t{1} << 30) == 0);
+  const auto a = pages.create(4 * page);
+  CHECK(pages.bytes_alive() == 4 * page);
+  pages.map(base, a, 4 * page);
+  CHECK_FALSE(pages.is_usable(base, 4 * page));  // mapped, but no access yet
+  pages.set_access(base, 4 * page);
+  CHECK(pages.is_usable(base + 100, 3 * page));
+  CHECK_FALSE(pages.is_usable(base, 5 * page));
+  const auto b = pages.create(page);
+  CHECK_THROWS_AS(pages.map(base + 2 * page, b, page), std::logic_error);      // over a mapping
+  CHECK_THROWS_AS(pages.map(base + 4 * page, a, 4 * page), std::logic_error);  // already mapped elsewhere
+  CHECK_THROWS_AS(pages.map(base + 4 * page, b, 2 * page), std::logic_error);  // part of an allocation
+  CHECK_THROWS_AS(pages.set_access(base + 4 * page, page), std::logic_error);  // nothing mapped there
+  CHECK_THROWS_AS(pages.unmap(base, 2 * page), std::logic_error);              // part of a mapping
+  CHECK_THROWS_AS(pages.unmap(base + page, page), std::logic_error);           // not where a mapping starts
+  pages.unmap(base, 4 * page);
+  CHECK(pages.bytes_mapped() == 0);
+  pages.destroy(a);
+  pages.destroy(b);
+  CHECK(pages.bytes_alive() == 0);
+  CHECK(pages.peak_bytes() == 5 * page);
+  pages.unreserve(base, 64 * page);
+  CHECK(pages.ranges_reserved() == 0);
+  const auto& c = pages.counts();
+  CHECK(c.creates == 2);
+  CHECK(c.releases == 2);
+  CHECK(c.maps == 1);
+  CHECK(c.unmaps == 1);
+  CHECK(c.access_calls == 1);
+}
+
+TEST_CASE("simulated_pages: capacity, injected failures and bad page sizes")
+{
+  CHECK_THROWS_AS(simulated_pages(3 << 20), std::invalid_argument);
+  CHECK_THROWS_AS(simulated_pages(100), std::invalid_argument);
+  simulated_pages pages(page, 4 * page);
+  const auto a = pages.create(3 * page);
+  CHECK_THROWS_AS((void)pages.create(2 * page), strata::out_of_memory);
+  pages.fail_after(simulated_pages::operation::create, 0);
+  CHECK_THROWS_AS((void)pages.create(page), strata::out_of_memory);
+  const auto b = pages.create(page);  // the injected failure happened once
+  pages.fail_after(simulated_pages::operation::synchronize, 1);
+  pages.synchronize();
+  CHECK_THROWS_AS(pages.synchronize(), std::runtime_error);
+  pages.synchronize();
+  pages.destroy(a);
+  pages.destroy(b);
+}
