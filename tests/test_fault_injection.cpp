@@ -16,7 +16,9 @@
 #include <strata/core/ref.hpp>
 #include <strata/policy/arena.hpp>
 #include <strata/policy/buddy_pool.hpp>
+#include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/mapped_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/host_source.hpp>
 #include <strata/source/simulated_source.hpp>
@@ -211,5 +213,24 @@ TEST_CASE("fault injection: thread_cached")
 {
   using box = thread_cached<host_pool>;
   const auto r = testing::sweep_faults<host_spy>([](host_spy& up) { return std::make_unique<box>(small_pool(up)); });
+  check_faults_reached(r);
+}
+
+namespace {
+struct device_figures : testing::plain_calls {
+  template <class Pool>
+  std::array<std::size_t, 2> extra(const Pool& pool) const
+  {
+    return {pool.backend().bytes_alive(), pool.physical_bytes()};
+  }
+};
+} // namespace
+
+// Host faults only: its upstream is a page backend, which the refusing spy cannot stand in for.
+TEST_CASE("fault injection: mapped_pool over simulated pages (host allocations)")
+{
+  using pool = mapped_pool<simulated_pages>;
+  const auto r = testing::sweep_faults<testing::no_upstream>([](testing::no_upstream&) { return std::make_unique<pool>(); },
+                                                             {.max_bytes = 8 << 20}, device_figures{});
   check_faults_reached(r);
 }
