@@ -101,13 +101,12 @@ replay_result replay_on_streams(std::string name, Layer& layer, simulated_stream
   return r;
 }
 
-replay_result stream_ordered_coalescing(std::string name, const std::vector<trace_event>& events, std::size_t lag,
-                                        std::size_t max_chunk = std::size_t{1} << 30)
+replay_result stream_ordered_coalescing(std::string name, const std::vector<trace_event>& events, std::size_t lag)
 {
   simulated_streams world;
   simulated_source sim = make_source();
   using pool = coalescing_pool<ref<simulated_source>>;
-  stream_ordered<pool, simulated_events> layer{pool{ref(sim), {.max_chunk = max_chunk}}, {}, simulated_events(world)};
+  stream_ordered<pool, simulated_events> layer{pool{ref(sim)}, {}, simulated_events(world)};
   return replay_on_streams(std::move(name), layer, world, [&] { return sim.allocated_bytes(); }, events, lag);
 }
 
@@ -182,7 +181,6 @@ int main(int argc, char** argv)
   results.push_back(chunked<chunks>("coalescing_pool (defaults)", events));
   results.push_back(stream_ordered_coalescing("stream_ordered<coalescing_pool> (trace streams, work done at once)", events, 0));
   results.push_back(stream_ordered_coalescing("stream_ordered<coalescing_pool> (work done 64 operations later)", events, 64));
-  results.push_back(chunked<chunks>("coalescing_pool (chunks up to 128 MiB)", events, chunks::options{.max_chunk = 128 << 20}));
   results.push_back(chunked<size_class_pool<ref<simulated_source>>>("size_class_pool (large requests direct)", events));
   results.push_back(chunked<buddy_pool<ref<simulated_source>>>("buddy_pool (1 GiB regions)", events));
   bench::print_table(argv[1], results);

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <type_traits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -12,10 +14,13 @@
 
 #include <strata/adaptor/fallback.hpp>
 #include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/prefetch.hpp>
 #include <strata/adaptor/recorder.hpp>
 #include <strata/adaptor/retry_on_oom.hpp>
 #include <strata/adaptor/segregator.hpp>
 #include <strata/adaptor/statistics.hpp>
+#include <strata/adaptor/synchronized.hpp>
+#include <strata/adaptor/thread_cached.hpp>
 #include <strata/adaptor/tracking.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
@@ -307,4 +312,178 @@ TEST_CASE("recorder: writes the DESIGN.md trace format, which replays to the sam
   CHECK(replay_peak == peak);
   CHECK(streams == std::set<std::uint64_t>{0, 1, 2});
   CHECK_THROWS_AS((recorder<host_source>{host_source{}, std::string("/nonexistent-dir/trace.csv")}), std::invalid_argument);
+}
+
+namespace {
+
+/// A host source that knows its live allocations: owns(p) in the one meaning (concepts.hpp), so it can be
+/// a fallback's primary while a pool over the same source is the secondary.
+class live_host_source : public sync_names<live_host_source> {
+public:
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    void* p = host_source{}.allocate(bytes, alignment);
+    if (p != nullptr) {
+      std::lock_guard lock(mutex_);
+      live_[p] = bytes;
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
+  {
+    if (p == nullptr) return;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = live_.find(p);
+      if (it == live_.end() || it->second != bytes) {
+        ++bad_frees_;
+        return;
+      }
+      live_.erase(it);
+    }
+    host_source{}.deallocate(p, bytes, alignment);
+  }
+  bool owns(const void* p) const noexcept
+  {
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(const_cast<void*>(p));
+    if (it == live_.begin()) return false;
+    --it;
+    return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+  }
+  std::size_t live() const
+  {
+    std::lock_guard lock(mutex_);
+    return live_.size();
+  }
+  std::size_t bad_frees() const noexcept { return bad_frees_; }
+  friend bool operator==(const live_host_source& a, const live_host_source& b) noexcept { return &a == &b; }
+  friend constexpr void get_property(const live_host_source&, host_accessible) noexcept {}
+
+private:
+  mutable std::mutex mutex_;
+  std::map<void*, std::size_t> live_;
+  std::size_t bad_frees_ = 0;
+};
+
+} // namespace
+
+namespace {
+
+/// fallback<limit<source>, pool over the same source>: the pool's blocks lie inside chunks the source
+/// handed out, so the source claims them too; every free must still reach the tier that served it.
+template <class Source>
+void check_source_then_pool(Source& source)
+{
+  using primary = limit<ref<Source>>;
+  using secondary = coalescing_pool<ref<Source>>;
+  fallback<primary, secondary> r{primary{ref(source), 64 << 10}, secondary{ref(source)}};
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (int i = 0; i < 40; ++i) blocks.emplace_back(r.allocate(4096), 4096);  // 16 from the primary, then the pool
+  CHECK(r.served_by_primary() == 16);
+  CHECK(r.served_by_secondary() == 24);
+  CHECK(r.primary().owns(blocks.back().first));  // inside the chunk it handed to the pool: the hard case
+  CHECK(r.secondary().owns(blocks.back().first));
+  CHECK(!r.secondary().owns(blocks.front().first));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) r.deallocate(blocks[i].first, blocks[i].second);
+  for (std::size_t i = 1; i < blocks.size(); i += 2) r.deallocate(blocks[i].first, blocks[i].second);
+  CHECK(r.primary().bytes_in_use() == 0);  // never underflowed: it saw exactly its own 16 frees
+  CHECK(r.secondary().usage().in_use == 0);
+  CHECK(r.secondary().usage().used_blocks == 0);
+  r.secondary().release();
+}
+
+} // namespace
+
+TEST_CASE("fallback: a source as primary, a pool over the same source as secondary: every free routed right")
+{
+  SUBCASE("a source that knows its live allocations")
+  {
+    live_host_source source;
+    check_source_then_pool(source);
+    CHECK(source.bad_frees() == 0);
+    CHECK(source.live() == 0);
+  }
+  SUBCASE("simulated_source")
+  {
+    simulated_source source{std::size_t{1} << 30};
+    check_source_then_pool(source);
+    void* whole = source.allocate(std::size_t{1} << 30);  // everything came back to it, and only once
+    CHECK(whole != nullptr);
+    source.deallocate(whole, std::size_t{1} << 30);
+  }
+  SUBCASE("the other way round: a pool over the source first, the source itself second")
+  {
+    live_host_source source;
+    using pool = limit<coalescing_pool<ref<live_host_source>>>;
+    fallback<pool, ref<live_host_source>> r{pool{coalescing_pool<ref<live_host_source>>{ref(source)}, 64 << 10}, ref(source)};
+    std::vector<void*> blocks;
+    for (int i = 0; i < 40; ++i) blocks.push_back(r.allocate(4096));
+    CHECK(r.served_by_primary() == 16);
+    CHECK(r.served_by_secondary() == 24);
+    for (void* p : blocks) r.deallocate(p, 4096);
+    CHECK(r.primary().bytes_in_use() == 0);
+    CHECK(source.bad_frees() == 0);
+    r.primary().upstream().release();
+    CHECK(source.live() == 0);
+  }
+}
+
+// Every adaptor is move-assignable where its boxes are (so stream_ordered<adaptor>, which assigns its policy,
+// is too), and not where they are not.
+namespace {
+using movable_pool = coalescing_pool<host_source>;
+struct pinned_box : host_source {  // a box that cannot be assigned
+  pinned_box() = default;
+  pinned_box(pinned_box&&) noexcept = default;
+  pinned_box& operator=(pinned_box&&) = delete;
+};
+template <class R>
+constexpr bool assignable = std::is_nothrow_move_assignable_v<R> && std::is_nothrow_move_constructible_v<R>;
+} // namespace
+static_assert(assignable<movable_pool>);
+static_assert(assignable<limit<movable_pool>> && !std::is_move_assignable_v<limit<pinned_box>>);
+static_assert(assignable<statistics<movable_pool>> && !std::is_move_assignable_v<statistics<pinned_box>>);
+static_assert(assignable<tracking<movable_pool>> && !std::is_move_assignable_v<tracking<pinned_box>>);
+static_assert(assignable<recorder<movable_pool>> && !std::is_move_assignable_v<recorder<pinned_box>>);
+static_assert(assignable<retry_on_oom<movable_pool>> && !std::is_move_assignable_v<retry_on_oom<pinned_box>>);
+static_assert(assignable<synchronized<movable_pool>> && !std::is_move_assignable_v<synchronized<pinned_box>>);
+static_assert(assignable<thread_cached<movable_pool>> && assignable<thread_cached<pinned_box>>);  // held on the heap
+static_assert(assignable<segregator<4096, movable_pool, movable_pool>>);
+static_assert(!std::is_move_assignable_v<segregator<4096, movable_pool, pinned_box>>);
+static_assert(assignable<fallback<movable_pool, host_source>> && !std::is_move_assignable_v<fallback<movable_pool, pinned_box>>);
+static_assert(assignable<prefetch<movable_pool>> && !std::is_move_assignable_v<prefetch<pinned_box>>);
+
+TEST_CASE("adaptors: move-assignment hands the blocks over, also inside stream_ordered")
+{
+  auto exercise = [](auto make) {
+    auto a = make();
+    auto b = make();
+    void* p = a.allocate(1000);
+    b = std::move(a);  // b's old box goes; a's box (and p) now belong to b
+    b.deallocate(p, 1000);
+    void* q = b.allocate(3000);
+    CHECK(q != nullptr);
+    b.deallocate(q, 3000);
+  };
+  exercise([] { return limit<movable_pool>{movable_pool{}, 1 << 20}; });
+  exercise([] { return statistics<movable_pool>{}; });
+  exercise([] { return tracking<movable_pool>{}; });
+  std::ostringstream out;
+  exercise([&] { return recorder<movable_pool>{movable_pool{}, out}; });
+  exercise([] { return retry_on_oom<movable_pool>{movable_pool{}, [](std::size_t, int) { return false; }}; });
+  exercise([] { return synchronized<movable_pool>{}; });
+  exercise([] { return thread_cached<movable_pool>{}; });
+  exercise([] { return segregator<4096, movable_pool, movable_pool>{}; });
+  exercise([] { return fallback<movable_pool, host_source>{movable_pool{}, host_source{}}; });
+
+  simulated_streams world;
+  using layer = stream_ordered<limit<movable_pool>, simulated_events>;
+  layer x{limit<movable_pool>{movable_pool{}, 1 << 20}, {}, simulated_events(world)};
+  layer y{limit<movable_pool>{movable_pool{}, 1 << 20}, {}, simulated_events(world)};
+  void* p = x.allocate(1000);
+  y = std::move(x);
+  y.deallocate(p, 1000);
+  y.release();
+  CHECK(y.policy().bytes_in_use() == 0);
 }

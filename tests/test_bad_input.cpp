@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <climits>
+#include <sstream>
 #include <string>
 
 #include <strata/adaptor/checked.hpp>
@@ -171,4 +172,160 @@ TEST_CASE("checked: a stream-ordered free on a stream the block was not used on 
   void* q = lenient.allocate_async(4096, 256, s1);
   lenient.deallocate_async(q, 4096, 256, s2);
   CHECK(lenient.outstanding() == 0);
+}
+
+namespace {
+
+/// A box whose good_size is only defined for sizes it can serve: asked about more, it records the question
+/// (where a real pool would shift past 64 bits or wrap). Its good_size of a large request wraps, as an
+/// unchecked `align_up` does.
+struct fragile_sizes : host_source {
+  std::size_t* bad_questions;
+  std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const
+  {
+    if (bytes > (std::size_t{1} << 48) || alignment > (std::size_t{1} << 48)) ++*bad_questions;
+    return (bytes + 4095) & ~std::size_t{4095};  // wraps to 0 near SIZE_MAX
+  }
+  friend bool operator==(const fragile_sizes&, const fragile_sizes&) noexcept { return true; }
+};
+
+} // namespace
+
+TEST_CASE("limit: a size no box can serve is out_of_memory, without asking the upstream's good_size")
+{
+  std::size_t bad_questions = 0;
+  for (std::size_t cap : {std::size_t{1} << 30, SIZE_MAX}) {
+    CAPTURE(cap);
+    limit<fragile_sizes> r{fragile_sizes{{}, &bad_questions}, cap};
+    for (std::size_t bytes : {SIZE_MAX, SIZE_MAX / 2, SIZE_MAX - 4095, std::size_t{1} << 63, (std::size_t{1} << 56) + 1}) {
+      CAPTURE(bytes);
+      CHECK_THROWS_WITH_AS(r.allocate(bytes), doctest::Contains("limit"), out_of_memory);
+      CHECK(r.bytes_in_use() == 0);
+    }
+    void* p = r.allocate(100);
+    CHECK(r.bytes_in_use() == 4096);
+    r.deallocate(p, 100);
+    CHECK(r.bytes_in_use() == 0);
+  }
+  CHECK(bad_questions == 0);
+  // The pools' own good_size at the extremes is theirs to keep defined; under a limit they are not asked.
+  limit<buddy_pool<host_source>> buddy{buddy_pool<host_source>{}, SIZE_MAX};
+  limit<coalescing_pool<host_source>> coalescing{coalescing_pool<host_source>{}, SIZE_MAX};
+  for (std::size_t bytes : {SIZE_MAX, SIZE_MAX / 2, std::size_t{1} << 63}) {
+    CHECK_THROWS_AS(buddy.allocate(bytes), out_of_memory);
+    CHECK_THROWS_AS(coalescing.allocate(bytes), out_of_memory);
+  }
+  CHECK(buddy.bytes_in_use() == 0);
+  CHECK(coalescing.bytes_in_use() == 0);
+}
+
+TEST_CASE("limit: an alignment the upstream cannot honour is its invalid_argument, not out_of_memory")
+{
+  limit<buddy_pool<host_source>> buddy{buddy_pool<host_source>{}, std::size_t{1} << 20};
+  CHECK_THROWS_WITH_AS(buddy.allocate(256, std::size_t{1} << 40), doctest::Contains("buddy_pool: alignment 1099511627776"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(buddy.allocate(SIZE_MAX, std::size_t{1} << 40), doctest::Contains("buddy_pool"), std::invalid_argument);
+  CHECK_THROWS_AS(buddy.allocate(256, 3), std::invalid_argument);
+  CHECK(buddy.bytes_in_use() == 0);
+  limit<coalescing_pool<host_source>> small{coalescing_pool<host_source>{}, 4096};
+  CHECK_THROWS_AS(small.allocate(256, std::size_t{1} << 60), std::invalid_argument);
+  CHECK_THROWS_AS(small.allocate(8192), out_of_memory);  // a plain refusal stays one
+  // An alignment the upstream honours only with slack it cannot fit under the cap is a refusal.
+  limit<size_class_pool<host_source>> classes{size_class_pool<host_source>{}, 4096};
+  void* p = classes.allocate(100, 4096);
+  CHECK(is_aligned(p, 4096));
+  classes.deallocate(p, 100, 4096);
+  CHECK(classes.bytes_in_use() == 0);
+}
+
+namespace {
+
+/// Uses a moved-from box the ways a program might by mistake: each call either works on an empty box or is
+/// a usage_error; nothing crashes.
+template <class Box>
+void use_after_move(Box& moved_from)
+{
+  moved_from.deallocate(nullptr, 0);
+  try {
+    void* none = moved_from.allocate(0);
+    CHECK(none == nullptr);
+    void* p = moved_from.allocate(1000);
+    CHECK(p != nullptr);
+    moved_from.deallocate(p, 1000);
+  } catch (const usage_error& e) {
+    CHECK(std::string(e.what()).find("moved from") != std::string::npos);
+  }
+}
+
+template <class Box>
+void check_moved_from(auto make)
+{
+  spy<host_source> upstream;
+  {
+    Box a = make(ref(upstream));
+    void* p = a.allocate(4096);
+    Box b = std::move(a);
+    use_after_move(a);
+    b.deallocate(p, 4096);
+    Box c = make(ref(upstream));
+    c = std::move(b);
+    use_after_move(b);
+    testing::run_random_workload(c, {.operations = 2'000, .max_live = 50, .max_bytes = 1 << 16, .max_alignment = 256});
+  }
+  CHECK(upstream.outstanding_bytes() == 0);
+  CHECK(upstream.mismatches() == 0);
+}
+
+using host_up = ref<spy<host_source>>;
+using host_pool = coalescing_pool<host_up>;
+
+} // namespace
+
+TEST_CASE("moved-from adaptors: empty and usable, or a usage_error; never a crash")
+{
+  SUBCASE("limit") { check_moved_from<limit<host_pool>>([](host_up u) { return limit<host_pool>{host_pool{u}, 1 << 30}; }); }
+  SUBCASE("statistics") { check_moved_from<statistics<host_pool>>([](host_up u) { return statistics<host_pool>{host_pool{u}}; }); }
+  SUBCASE("tracking") { check_moved_from<tracking<host_pool>>([](host_up u) { return tracking<host_pool>{host_pool{u}}; }); }
+  SUBCASE("recorder")
+  {
+    static std::ostringstream out;
+    check_moved_from<recorder<host_pool>>([](host_up u) { return recorder<host_pool>{host_pool{u}, out}; });
+    spy<host_source> upstream;
+    recorder<host_pool> a{host_pool{ref(upstream)}, out}, b = std::move(a);
+    CHECK(a.events() == 0);
+    CHECK_THROWS_WITH_AS(a.allocate(1), doctest::Contains("recorder: used after being moved from"), usage_error);
+  }
+  SUBCASE("retry_on_oom")
+  {
+    check_moved_from<retry_on_oom<host_pool>>(
+        [](host_up u) { return retry_on_oom<host_pool>{host_pool{u}, [](std::size_t, int) { return false; }}; });
+  }
+  SUBCASE("retry_on_oom: a moved-from box has no callback and refuses as its upstream does")
+  {
+    spy<host_source> upstream;
+    retry_on_oom<host_up> a{ref(upstream), [](std::size_t, int) { return true; }}, b = std::move(a);
+    upstream.refuse_next(1);
+    CHECK_THROWS_AS(a.allocate(100), out_of_memory);
+  }
+  SUBCASE("synchronized") { check_moved_from<synchronized<host_pool>>([](host_up u) { return synchronized<host_pool>{host_pool{u}}; }); }
+  SUBCASE("thread_cached")
+  {
+    check_moved_from<thread_cached<host_pool>>([](host_up u) { return thread_cached<host_pool>{host_pool{u}}; });
+    spy<host_source> upstream;
+    thread_cached<host_pool> a{host_pool{ref(upstream)}}, b = std::move(a);
+    CHECK_THROWS_WITH_AS(a.allocate(1), doctest::Contains("thread_cached: used after being moved from"), usage_error);
+    CHECK(a.cached().first == 0);
+    CHECK(a.threads_seen() == 0);
+    a.release();
+  }
+  SUBCASE("segregator")
+  {
+    using s = segregator<2048, host_pool, host_pool>;
+    check_moved_from<s>([](host_up u) { return s{host_pool{u}, host_pool{u}}; });
+  }
+  SUBCASE("fallback")
+  {
+    using f = fallback<host_pool, host_pool>;
+    check_moved_from<f>([](host_up u) { return f{host_pool{u}, host_pool{u}}; });
+  }
 }

@@ -1,5 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <tuple>
+#include <vector>
+
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/host_source.hpp>
 #include <strata/source/simulated_source.hpp>
@@ -10,6 +17,16 @@
 using namespace strata;
 using strata::testing::spy;
 using pool_over_spy = coalescing_pool<ref<spy<simulated_source>>>;
+
+namespace {
+/// One set of lists for every size and chunks of exactly the sizes asked for: the TLSF mechanics alone,
+/// without the defaults that keep small requests apart and round chunks to 2 MiB.
+template <class Pool = pool_over_spy>
+typename Pool::options plain(std::size_t initial_chunk, std::size_t max_chunk = std::size_t{1} << 30)
+{
+  return {.initial_chunk = initial_chunk, .max_chunk = max_chunk, .small_limit = 0, .chunk_granularity = 256};
+}
+} // namespace
 
 static_assert(resource<coalescing_pool<host_source>> && owning_resource<coalescing_pool<host_source>>);
 static_assert(sized_resource<coalescing_pool<host_source>> && releasable_resource<coalescing_pool<host_source>>);
@@ -26,7 +43,7 @@ TEST_CASE("coalescing_pool conforms")
 TEST_CASE("coalescing_pool: split, merge with both neighbours, reuse")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20)};
   char* a = static_cast<char*>(pool.allocate(1000));
   char* b = static_cast<char*>(pool.allocate(1000));
   char* c = static_cast<char*>(pool.allocate(1000));
@@ -48,7 +65,7 @@ TEST_CASE("coalescing_pool: split, merge with both neighbours, reuse")
 
 TEST_CASE("coalescing_pool: alignment padding stays free and usable")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 4 << 20});
+  coalescing_pool<simulated_source> pool(simulated_source{}, plain<coalescing_pool<simulated_source>>(4 << 20));
   void* first = pool.allocate(256);
   void* aligned = pool.allocate(1000, 1 << 20);
   CHECK(is_aligned(aligned, 1 << 20));
@@ -89,7 +106,7 @@ TEST_CASE("coalescing_pool: randomized invariants")
 TEST_CASE("coalescing_pool: growth is geometric, and falls back to the smallest chunk that fits")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 8 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20, 8 << 20)};
   std::vector<std::pair<void*, std::size_t>> blocks;
   for (int i = 0; i < 6; ++i) blocks.emplace_back(pool.allocate(1 << 20), 1 << 20);
   // chunks of 1, 2, 4 MiB so far; the next would be 8 MiB
@@ -106,7 +123,9 @@ TEST_CASE("coalescing_pool: growth is geometric, and falls back to the smallest 
 
 TEST_CASE("coalescing_pool: max_reserved caps what it takes")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 1 << 20, .max_reserved = 3 << 20});
+  auto opts = plain<coalescing_pool<simulated_source>>(1 << 20);
+  opts.max_reserved = 3 << 20;
+  coalescing_pool<simulated_source> pool(simulated_source{}, opts);
   void* a = pool.allocate(1 << 20);
   void* b = pool.allocate(2 << 20);
   CHECK_THROWS_AS((void)pool.allocate(256), out_of_memory);
@@ -117,7 +136,7 @@ TEST_CASE("coalescing_pool: max_reserved caps what it takes")
 TEST_CASE("coalescing_pool: release returns exactly the wholly free chunks")
 {
   spy<simulated_source> upstream;
-  pool_over_spy pool{ref(upstream), {.initial_chunk = 1 << 20, .max_chunk = 1 << 20}};
+  pool_over_spy pool{ref(upstream), plain(1 << 20, 1 << 20)};
   std::vector<void*> blocks;
   for (int i = 0; i < 40; ++i) blocks.push_back(pool.allocate(200 << 10));  // 5 a chunk: 8 chunks
   CHECK(pool.usage().chunks == 8);
@@ -135,7 +154,7 @@ TEST_CASE("coalescing_pool: release returns exactly the wholly free chunks")
 
 TEST_CASE("coalescing_pool: snapshot lists every block of every chunk, as JSON too")
 {
-  coalescing_pool<simulated_source> pool(simulated_source{}, {.initial_chunk = 1 << 20});
+  coalescing_pool<simulated_source> pool(simulated_source{}, plain<coalescing_pool<simulated_source>>(1 << 20));
   void* a = pool.allocate(1000);
   void* b = pool.allocate(3000);
   pool.deallocate(a, 1000);
@@ -160,4 +179,361 @@ TEST_CASE("coalescing_pool: moves hand over the chunks")
   b.deallocate(p, 100);
   b.release();
   CHECK(upstream.outstanding_bytes() == 0);
+}
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// The chunk sizes the pool holds, in address order.
+template <class Pool>
+std::vector<std::size_t> chunk_sizes(const Pool& pool)
+{
+  std::vector<std::size_t> sizes;
+  for (const auto& seg : pool.snapshot().segments) sizes.push_back(seg.size);
+  return sizes;
+}
+} // namespace
+
+TEST_CASE("coalescing_pool: a free block of exactly the requested size is used, the pool does not grow")
+{
+  // 1 MiB + 4 KiB is not a TLSF list boundary: a search rounded up to the next list skips its own list.
+  const std::size_t odd = MiB + 4096;
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream), plain(4 * MiB, 4 * MiB)};
+  void* a = pool.allocate(odd);
+  void* b = pool.allocate(odd);
+  void* rest = pool.allocate(4 * MiB - 2 * odd);  // the chunk is full
+  REQUIRE(pool.usage().free_blocks == 0);
+  pool.deallocate(a, odd);  // a free block of exactly `odd`, its neighbour in use
+  CHECK(pool.allocate(odd) == a);
+  CHECK(upstream.allocations() == 1);
+  CHECK(pool.usage().reserved == 4 * MiB);
+  for (void* p : {a, b}) pool.deallocate(p, odd);
+  pool.deallocate(rest, 4 * MiB - 2 * odd);
+}
+
+TEST_CASE("coalescing_pool: of several free blocks in the request's list, the best fit is taken")
+{
+  const std::size_t odd = MiB + 4096;
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream), plain(8 * MiB, 8 * MiB)};
+  void* larger = pool.allocate(odd + 512);
+  void* fence1 = pool.allocate(256);
+  void* exact = pool.allocate(odd);
+  void* fence2 = pool.allocate(256);
+  void* rest = pool.allocate(8 * MiB - 2 * odd - 1024);
+  REQUIRE(pool.usage().free_blocks == 0);
+  pool.deallocate(exact, odd);
+  pool.deallocate(larger, odd + 512);  // filed last: first in its list
+  CHECK(pool.allocate(odd) == exact);
+  CHECK(pool.allocate(odd + 512) == larger);
+  CHECK(upstream.allocations() == 1);
+  pool.deallocate(exact, odd);
+  pool.deallocate(larger, odd + 512);
+  for (void* p : {fence1, fence2}) pool.deallocate(p, 256);
+  pool.deallocate(rest, 8 * MiB - 2 * odd - 1024);
+}
+
+TEST_CASE("coalescing_pool: wholly free chunks go back to the upstream before the pool grows")
+{
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream)};
+  SUBCASE("one free chunk, too small for the request")
+  {
+    void* big = pool.allocate(40 * MiB);  // above max_chunk: a chunk of its own
+    pool.deallocate(big, 40 * MiB);
+    REQUIRE(upstream.outstanding_bytes() == 40 * MiB);
+    void* bigger = pool.allocate(100 * MiB);
+    CHECK(upstream.frees() == 1);
+    CHECK(upstream.outstanding_bytes() == 100 * MiB);
+    CHECK(pool.usage().reserved == 100 * MiB);
+    CHECK(pool.usage().chunks == 1);
+    pool.deallocate(bigger, 100 * MiB);
+  }
+  SUBCASE("only as many as the new chunk holds: the rest stay for later requests")
+  {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(pool.allocate(34 * MiB));
+    for (void* p : blocks) pool.deallocate(p, 34 * MiB);
+    REQUIRE(pool.usage().chunks == 3);
+    void* p = pool.allocate(36 * MiB);
+    CHECK(upstream.frees() == 2);  // 34 MiB is not enough for 36, 68 is
+    CHECK(pool.usage().chunks == 2);
+    CHECK(upstream.outstanding_bytes() == 70 * MiB);
+    void* q = pool.allocate(34 * MiB);  // the one kept is used
+    CHECK(upstream.allocations() == 4);
+    pool.deallocate(p, 36 * MiB);
+    pool.deallocate(q, 34 * MiB);
+  }
+  SUBCASE("a free chunk far larger than the request goes back rather than being carved")
+  {
+    void* huge = pool.allocate(200 * MiB);
+    pool.deallocate(huge, 200 * MiB);
+    void* p = pool.allocate(10 * MiB);
+    CHECK(upstream.frees() == 1);
+    CHECK(upstream.outstanding_bytes() == 10 * MiB);
+    pool.deallocate(p, 10 * MiB);
+    void* q = pool.allocate(9 * MiB);  // fits the free 10 MiB chunk: no upstream call
+    CHECK(upstream.allocations() == 2);
+    pool.deallocate(q, 9 * MiB);
+  }
+  SUBCASE("but a free chunk not much larger is carved")
+  {
+    void* huge = pool.allocate(200 * MiB);
+    pool.deallocate(huge, 200 * MiB);
+    void* p = pool.allocate(180 * MiB);
+    CHECK(p == huge);
+    CHECK(upstream.allocations() == 1);
+    pool.deallocate(p, 180 * MiB);
+  }
+  SUBCASE("switched off, the free chunk stays and the pool grows beside it")
+  {
+    pool_over_spy keeping{ref(upstream), {.return_free_chunks = false}};
+    void* big = keeping.allocate(40 * MiB);
+    keeping.deallocate(big, 40 * MiB);
+    void* bigger = keeping.allocate(100 * MiB);
+    CHECK(upstream.frees() == 0);
+    CHECK(keeping.usage().reserved == 140 * MiB);
+    keeping.deallocate(bigger, 100 * MiB);
+  }
+}
+
+TEST_CASE("coalescing_pool: chunks are sized to the need")
+{
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream)};
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  SUBCASE("large requests: 2, 4, 8, 16, 32 MiB, then 32 MiB chunks; above that a chunk of the request's size")
+  {
+    for (int i = 0; i < 47; ++i) blocks.emplace_back(pool.allocate(2 * MiB), 2 * MiB);  // 94 MiB
+    auto sizes = chunk_sizes(pool);
+    std::sort(sizes.begin(), sizes.end());
+    CHECK(sizes == std::vector<std::size_t>{2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB, 32 * MiB});
+    CHECK(pool.usage().free_blocks == 0);
+    blocks.emplace_back(pool.allocate(33 * MiB + 1), 33 * MiB + 1);
+    CHECK(pool.usage().reserved == 94 * MiB + 34 * MiB);  // rounded to 2 MiB, as cudaMalloc would take anyway
+    CHECK(upstream.allocations() == 7);
+  }
+  SUBCASE("small requests come from 2 MiB chunks of their own, never from a large chunk's free space")
+  {
+    blocks.emplace_back(pool.allocate(300 << 10), 300 << 10);  // above small_limit: a large chunk of 2 MiB
+    REQUIRE(pool.usage().reserved == 2 * MiB);
+    blocks.emplace_back(pool.allocate(1000), 1000);
+    CHECK(pool.usage().chunks == 2);
+    CHECK(pool.usage().reserved == 4 * MiB);
+    for (int i = 0; i < 100; ++i) blocks.emplace_back(pool.allocate(4096), 4096);  // room in the small chunk
+    CHECK(pool.usage().chunks == 2);
+    blocks.emplace_back(pool.allocate(1 * MiB), 1 * MiB);  // room in the large chunk
+    CHECK(upstream.allocations() == 2);
+  }
+  SUBCASE("chunk_granularity rounds every chunk, and a chunk never passes max_chunk unless the request does")
+  {
+    pool_over_spy odd{ref(upstream), {.initial_chunk = 3 * MiB, .max_chunk = 5 * MiB, .small_limit = 0, .chunk_granularity = 4 * MiB}};
+    void* a = odd.allocate(MiB);
+    void* b = odd.allocate(4 * MiB);
+    void* c = odd.allocate(7 * MiB);
+    CHECK(chunk_sizes(odd).size() == 3);
+    CHECK(odd.usage().reserved == 4 * MiB + 5 * MiB + 8 * MiB);
+    odd.deallocate(a, MiB);
+    odd.deallocate(b, 4 * MiB);
+    odd.deallocate(c, 7 * MiB);
+  }
+  SUBCASE("an initial_chunk above max_chunk is honoured: every large chunk is that size")
+  {
+    pool_over_spy first{ref(upstream), {.initial_chunk = 64 * MiB}};
+    void* a = first.allocate(MiB);
+    void* b = first.allocate(63 * MiB);
+    void* c = first.allocate(MiB);
+    CHECK(chunk_sizes(first) == std::vector<std::size_t>{64 * MiB, 64 * MiB});
+    for (void* p : {a, c}) first.deallocate(p, MiB);
+    first.deallocate(b, 63 * MiB);
+  }
+  for (auto [p, n] : blocks) pool.deallocate(p, n);
+}
+
+TEST_CASE("coalescing_pool: bad options are refused, naming the value")
+{
+  using opts = pool_over_spy::options;
+  spy<simulated_source> upstream;
+  CHECK_THROWS_WITH_AS(pool_over_spy(ref(upstream), opts{.chunk_granularity = 0}), doctest::Contains("chunk_granularity 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(pool_over_spy(ref(upstream), opts{.small_chunk = 0}), doctest::Contains("small_chunk 0"), std::invalid_argument);
+  CHECK_NOTHROW(pool_over_spy(ref(upstream), opts{.small_limit = 0, .small_chunk = 0}));
+}
+
+TEST_CASE("coalescing_pool: a size it can never serve is out_of_memory; good_size never wraps")
+{
+  coalescing_pool<simulated_source> pool;
+  CHECK(pool.good_size(SIZE_MAX) == SIZE_MAX);
+  CHECK(pool.good_size(SIZE_MAX - 255) == SIZE_MAX);
+  CHECK(pool.good_size(std::size_t{1} << 56) == std::size_t{1} << 56);
+  CHECK(pool.good_size((std::size_t{1} << 56) + 1) == SIZE_MAX);
+  CHECK(pool.good_size(1) == 256);
+  CHECK(pool.good_size(0) == 0);
+  CHECK_THROWS_AS((void)pool.allocate(SIZE_MAX), out_of_memory);
+  CHECK_THROWS_AS((void)pool.allocate(SIZE_MAX - 255, 1 << 20), out_of_memory);
+  CHECK_FALSE(pool.has_room_for(SIZE_MAX));
+  CHECK(pool.usage() == strata::usage{});
+}
+
+TEST_CASE("coalescing_pool: a refused growth takes the chunks it handed back again: nothing changed")
+{
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream)};
+  void* kept = pool.allocate(4096);
+  void* big = pool.allocate(40 * MiB);
+  pool.deallocate(big, 40 * MiB);
+  const auto before = pool.usage();
+  const std::size_t outstanding = upstream.outstanding_bytes();
+  upstream.refuse_next(1);
+  CHECK_THROWS_AS((void)pool.allocate(100 * MiB), out_of_memory);
+  CHECK(pool.usage() == before);
+  CHECK(upstream.outstanding_bytes() == outstanding);
+  CHECK(upstream.mismatches() == 0);
+  void* again = pool.allocate(40 * MiB);  // the restored chunk serves it
+  CHECK(upstream.outstanding_bytes() == outstanding);
+  pool.deallocate(again, 40 * MiB);
+  SUBCASE("unless the upstream refuses that too: the chunk stays returned, the pool consistent")
+  {
+    upstream.refuse_next(2);
+    CHECK_THROWS_AS((void)pool.allocate(100 * MiB), out_of_memory);
+    CHECK(pool.usage().chunks == 1);
+    CHECK(pool.usage().reserved == 2 * MiB);
+    CHECK(upstream.outstanding_bytes() == 2 * MiB);
+    void* p = pool.allocate(100 * MiB);
+    pool.deallocate(p, 100 * MiB);
+  }
+  pool.deallocate(kept, 4096);
+  pool.release();
+  CHECK(upstream.outstanding_bytes() == 0);
+}
+
+// A local host-fault hook (issue 14 item 6), until the shared fault injector of tests/support/ reaches this
+// branch: while armed on this thread, the N-th host allocation from now throws std::bad_alloc. Unarmed, the
+// replaced operator new is plain malloc.
+namespace {
+thread_local long host_allocations_before_failure = -1;  // -1: unarmed
+thread_local bool host_failure_fired = false;
+
+class host_fault {
+public:
+  explicit host_fault(long n) noexcept
+  {
+    host_allocations_before_failure = n;
+    host_failure_fired = false;
+  }
+  ~host_fault() { host_allocations_before_failure = -1; }
+  host_fault(const host_fault&) = delete;
+  host_fault& operator=(const host_fault&) = delete;
+};
+} // namespace
+
+void* operator new(std::size_t n)
+{
+  if (host_allocations_before_failure >= 0 && host_allocations_before_failure-- == 0) {
+    host_failure_fired = true;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+/// An upstream that allocates no host memory itself (addresses from a bump pointer, counters only), so every
+/// host allocation the hook sees is the pool's own.
+class bump_source {
+public:
+  static constexpr std::size_t max_alignment = std::size_t{1} << 30;
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    next_ = (next_ + alignment - 1) / alignment * alignment;
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += bytes;
+    outstanding_bytes_ += bytes;
+    ++outstanding_blocks_;
+    return p;
+  }
+  void deallocate(void*, std::size_t bytes, std::size_t = default_alignment) noexcept
+  {
+    outstanding_bytes_ -= bytes;
+    --outstanding_blocks_;
+  }
+  std::size_t outstanding_bytes() const noexcept { return outstanding_bytes_; }
+  std::size_t outstanding_blocks() const noexcept { return outstanding_blocks_; }
+  friend bool operator==(const bump_source& a, const bump_source& b) noexcept { return &a == &b; }
+
+private:
+  std::uintptr_t next_ = std::uintptr_t{1} << 40;
+  std::size_t outstanding_bytes_ = 0;
+  std::size_t outstanding_blocks_ = 0;
+};
+
+/// What must not change when an allocate throws: usage, every chunk's layout (chunks a failed growth took
+/// again may sit at new addresses, so offsets and sizes only), the upstream's count.
+template <class Pool>
+auto observable_state(const Pool& pool, const bump_source& upstream)
+{
+  std::vector<std::vector<std::tuple<std::size_t, std::size_t, bool>>> layout;
+  for (const auto& seg : pool.snapshot().segments) {
+    layout.emplace_back();
+    for (const auto& b : seg.blocks) layout.back().emplace_back(b.offset, b.size, b.free);
+  }
+  std::sort(layout.begin(), layout.end());
+  return std::tuple(pool.usage(), layout, upstream.outstanding_bytes(), upstream.outstanding_blocks());
+}
+} // namespace
+
+TEST_CASE("coalescing_pool: a host bad_alloc anywhere in allocate leaves the pool exactly as it was")
+{
+  using pool_type = coalescing_pool<ref<bump_source>>;
+  auto run = [](pool_type::options opts) {
+    bump_source upstream;
+    pool_type pool{ref(upstream), opts};
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> log_size(8, 27);  // 256 B .. 128 MiB
+    std::vector<std::tuple<void*, std::size_t, std::size_t>> live;
+    std::size_t faults = 0, allocations = 0;
+    for (int step = 0; step < 3000; ++step) {
+      if (!live.empty() && (live.size() >= 300 || rng() % 2 == 0)) {
+        const std::size_t i = rng() % live.size();
+        auto [p, bytes, alignment] = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        pool.deallocate(p, bytes, alignment);
+        continue;
+      }
+      const auto bytes = static_cast<std::size_t>(std::exp2(log_size(rng)));
+      const std::size_t alignment = rng() % 10 == 0 ? std::size_t{1} << (8 + rng() % 13) : 256;
+      for (long n = 0;; ++n) {
+        const auto before = observable_state(pool, upstream);
+        void* p = nullptr;
+        bool threw = false;
+        {
+          host_fault fault(n);
+          try {
+            p = pool.allocate(bytes, alignment);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+        }
+        if (!threw) {
+          REQUIRE(p != nullptr);
+          live.emplace_back(p, bytes, alignment);
+          ++allocations;
+          break;
+        }
+        REQUIRE(host_failure_fired);
+        ++faults;
+        REQUIRE(observable_state(pool, upstream) == before);
+      }
+    }
+    for (auto [p, bytes, alignment] : live) pool.deallocate(p, bytes, alignment);
+    pool.release();
+    CHECK(upstream.outstanding_bytes() == 0);
+    CHECK(allocations > 1000);
+    CHECK(faults > 50);  // the hook found host allocations to fail: map nodes, slabs, rehashes
+  };
+  SUBCASE("defaults: small and large apart, free chunks handed back before growth") { run({}); }
+  SUBCASE("one set of lists, small chunks") { run(plain<pool_type>(1 << 20, 8 << 20)); }
 }

@@ -134,12 +134,26 @@ TEST_CASE("any_resource: a stack chosen at run time, passed across a non-templat
   CHECK(pool.target<coalescing_pool<host_source>>()->usage().in_use == 5120);
   any_resource<host_accessible> moved = std::move(pool);
   CHECK(!pool);
+  // A moved-from any_resource is empty: frees ignored, allocate a usage_error, no null dereference.
+  CHECK(pool.type() == typeid(void));
+  CHECK(pool.target<coalescing_pool<host_source>>() == nullptr);
+  pool.deallocate(nullptr, 0);
+  CHECK_THROWS_WITH_AS(pool.allocate(256), doctest::Contains("any_resource: empty"), usage_error);
   CHECK(moved.target<coalescing_pool<host_source>>()->owns(p));
   moved.deallocate(p, 5000);
   // Equal only when the held boxes are equal (identity for pools; all host_sources are equal).
   any_resource<host_accessible> h1 = host_source{}, h2 = host_source{};
   CHECK(h1 == h2);
   CHECK(!(moved == h1));
+  // Move-assignment drops the held box and takes the other's; the source is then empty.
+  h1 = std::move(moved);
+  CHECK(h1.target<coalescing_pool<host_source>>() != nullptr);
+  CHECK(!moved);
+  CHECK_THROWS_AS(moved.allocate(1), usage_error);
+  moved = host_source{};
+  void* q = moved.allocate(100);
+  CHECK(q != nullptr);
+  moved.deallocate(q, 100);
 }
 
 TEST_CASE("cuda::mr references wrap strata boxes")

@@ -28,7 +28,10 @@ int run(Fast fast, Slow slow, bool on_gpu)
   for (void* p : buffers) tiers.deallocate(p, 16 << 20);
   std::printf("each free went back to its tier: fast pool in use %zu bytes, slow pool in use %zu bytes (%zu were fast)\n",
               tiers.primary().usage().in_use, tiers.secondary().usage().in_use, fast_owned);
-  return tiers.primary().usage().in_use == 0 && tiers.secondary().usage().in_use == 0 ? 0 : 1;
+  examples::expect(tiers.served_by_primary() == 16 && tiers.served_by_secondary() == 8 && fast_owned == 16,
+                   "the fast tier serves its 256 MiB, the slow tier the rest");
+  examples::expect(tiers.primary().usage().in_use == 0 && tiers.secondary().usage().in_use == 0, "each free reached its tier");
+  return examples::status();
 }
 
 int main()

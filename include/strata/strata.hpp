@@ -17,9 +17,14 @@
 #include <strata/source/registered_host_source.hpp>
 #include <strata/source/simulated_source.hpp>
 
+#include <strata/pages/driver_pages.hpp>
+#include <strata/pages/page_backend.hpp>
+#include <strata/pages/simulated_pages.hpp>
+
 #include <strata/policy/arena.hpp>
 #include <strata/policy/buddy_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/mapped_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 
 #include <strata/stream/cuda_events.hpp>
@@ -38,6 +43,8 @@
 #include <strata/adaptor/synchronized.hpp>
 #include <strata/adaptor/thread_cached.hpp>
 #include <strata/adaptor/tracking.hpp>
+
+#include <strata/default_pool.hpp>
 
 #include <strata/interop/any_resource.hpp>
 #include <strata/interop/pmr_adaptor.hpp>

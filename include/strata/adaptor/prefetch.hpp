@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
@@ -73,7 +74,8 @@ inline void prefetch_to_host(const void* p, std::size_t bytes, cuda::stream_ref 
 /// older GPUs) prefetch and advice are documented no-ops and the blocks behave as plain managed memory.
 /// When the upstream is not stream-ordered, deallocate_async waits for the stream before freeing.
 /// Models: stream_resource (always), the upstream's optional capabilities and properties. Cost: the
-/// upstream's, plus one cudaMemPrefetchAsync and one cudaMemAdvise per advice per allocation.
+/// upstream's, plus one cudaMemPrefetchAsync and one cudaMemAdvise per advice per allocation. Move-only;
+/// move-assignable when the upstream is.
 template <resource Upstream>
 class prefetch : public detail::adaptor_base<prefetch<Upstream>, Upstream> {
   using base = detail::adaptor_base<prefetch<Upstream>, Upstream>;
@@ -99,7 +101,7 @@ public:
     enabled_ = detail::concurrent_managed_access(opts.to == target::fixed_device ? opts.device : device);
   }
   prefetch(prefetch&&) noexcept = default;
-  prefetch& operator=(prefetch&&) = delete;
+  prefetch& operator=(prefetch&&) noexcept(std::is_nothrow_move_assignable_v<Upstream>) = default;
 
   void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
   {

@@ -8,11 +8,13 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <type_traits>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
 #include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
 #include <strata/detail/adaptor_base.hpp>
 
 namespace strata {
@@ -22,7 +24,8 @@ namespace strata {
 /// capacity. Ids number allocations in order; streams are numbered in order of first use, 0 being the
 /// synchronous calls and the legacy/per-thread default streams.
 /// Models: whatever the upstream models; its properties. Cost: a mutex, a hash-map operation and one
-/// formatted line per call. Thread-safe itself. Move-only.
+/// formatted line per call. Thread-safe itself. Move-only; move-assignable when the upstream is; a moved-from
+/// recorder throws usage_error on allocate (frees pass through unrecorded).
 template <resource Upstream>
 class recorder : public detail::adaptor_base<recorder<Upstream>, Upstream> {
   using base = detail::adaptor_base<recorder<Upstream>, Upstream>;
@@ -46,10 +49,13 @@ public:
     write_header();
   }
   recorder(recorder&&) noexcept = default;
-  recorder& operator=(recorder&&) = delete;
+  recorder& operator=(recorder&&) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
+    requires std::is_move_assignable_v<Upstream>
+  = default;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
+    check_not_moved_from();
     void* p = upstream_.allocate(bytes, alignment);
     try {
       on_allocate(p, bytes, 0);
@@ -67,6 +73,7 @@ public:
   void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
     requires stream_resource<Upstream>
   {
+    check_not_moved_from();
     void* p = upstream_.allocate_async(bytes, alignment, stream);
     try {
       on_allocate(p, bytes, handle_of(stream));
@@ -86,6 +93,7 @@ public:
   /// Lines written (allocations and frees).
   std::size_t events() const
   {
+    if (state_ == nullptr) return 0;
     std::lock_guard lock(state_->mutex);
     return state_->events;
   }
@@ -107,6 +115,12 @@ private:
   };
 
   void write_header() { *state_->out << "op,id,bytes,stream\n"; }
+
+  /// A moved-from recorder has nowhere to write: it refuses to allocate rather than lose lines silently.
+  void check_not_moved_from() const
+  {
+    if (state_ == nullptr) throw usage_error("recorder: used after being moved from (its trace went with the move)");
+  }
 
   /// 0 for the synchronous calls and the default streams (whose handles need no numbering).
   static std::uintptr_t handle_of(cuda::stream_ref stream) noexcept
@@ -133,7 +147,7 @@ private:
   }
   void on_free(void* p, std::size_t bytes, std::uintptr_t stream) noexcept
   {
-    if (p == nullptr) return;
+    if (p == nullptr || state_ == nullptr) return;
     std::lock_guard lock(state_->mutex);
     const auto it = state_->ids.find(p);
     if (it == state_->ids.end()) return;  // allocated before recording began

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
@@ -14,7 +15,8 @@ namespace strata {
 /// test, so no lookup is needed (the size passed to a free must be the size allocated, as for any box).
 /// The recipe for "size classes for the many small buffers, a coalescing pool for the few large ones".
 /// Models: resource; stream_resource, owning, sized when both are; the properties both share.
-/// Cost: one comparison, then the chosen box's. Unsynchronized (as its boxes).
+/// Cost: one comparison, then the chosen box's. Unsynchronized (as its boxes). Move-only; move-assignable
+/// when both boxes are.
 template <std::size_t Threshold, resource Small, resource Large>
 class segregator
     : public forward_common_properties<segregator<Threshold, Small, Large>, Small, Large>,
@@ -30,7 +32,8 @@ public:
 
   segregator(Small small = Small{}, Large large = Large{}) : small_(std::move(small)), large_(std::move(large)) {}
   segregator(segregator&&) noexcept = default;
-  segregator& operator=(segregator&&) = delete;
+  segregator& operator=(segregator&&) noexcept(std::is_nothrow_move_assignable_v<Small> &&
+                                               std::is_nothrow_move_assignable_v<Large>) = default;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {

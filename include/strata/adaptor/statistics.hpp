@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
@@ -16,7 +17,7 @@ namespace strata {
 /// scopes that answer "what did this phase allocate, and how high did it go?". Bytes are as requested.
 /// Models: whatever the upstream models; its properties.
 /// Cost: a few relaxed atomic operations per call (a compare-exchange loop for each peak); no lock.
-/// Thread-safe itself. Move-only.
+/// Thread-safe itself. Move-only; move-assignable when the upstream is (a moved-from box counts from zero).
 template <resource Upstream>
 class statistics : public detail::adaptor_base<statistics<Upstream>, Upstream> {
   using base = detail::adaptor_base<statistics<Upstream>, Upstream>;
@@ -74,7 +75,15 @@ public:
 
   explicit statistics(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
   statistics(statistics&& other) noexcept : upstream_(std::move(other.upstream_)) { take(other); }
-  statistics& operator=(statistics&&) = delete;
+  statistics& operator=(statistics&& other) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
+    requires std::is_move_assignable_v<Upstream>
+  {
+    if (this != &other) {
+      upstream_ = std::move(other.upstream_);
+      take(other);
+    }
+    return *this;
+  }
   statistics(const statistics&) = delete;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
@@ -171,7 +180,7 @@ namespace detail::statistics_claims {
 using S = statistics<archetype_resource>;
 static_assert(resource<S> && !stream_resource<S> && !owning_resource<S>);
 static_assert(cuda::mr::resource_with<S, device_accessible> && answers_to_cccl31_names<S>);
-static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S>);
+static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S> && std::is_nothrow_move_assignable_v<S>);
 } // namespace detail::statistics_claims
 
 } // namespace strata

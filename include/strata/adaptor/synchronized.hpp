@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
@@ -13,9 +14,14 @@ namespace strata {
 
 /// A mutex around a box, so several threads may share it. Every call, including the optional capabilities
 /// (owns, release, good_size, usage, snapshot, reset), takes the lock.
-/// Models: whatever the upstream models; its properties. Cost: one std::mutex lock and unlock per call
-/// (uncontended: tens of nanoseconds; contended threads queue — see thread_cached for scaling). Thread-safe.
-/// Move-only (moving is not thread-safe: do it before sharing).
+/// The lock is recursive: code the box calls back on the same thread while it holds the lock (a
+/// retry_on_oom callback, a with_lock body) may call this box again without deadlock, and sees the box
+/// between two of its operations (retry_on_oom calls back only after the failed attempt left its upstream
+/// unchanged). A callback that waits for another thread which needs this box still deadlocks.
+/// Models: whatever the upstream models; its properties. Cost: one std::recursive_mutex lock and unlock per
+/// call (uncontended: tens of nanoseconds; contended threads queue — see thread_cached for scaling).
+/// Thread-safe. Move-only; move-assignable when the upstream is (moving is not thread-safe: do it before
+/// sharing).
 template <resource Upstream>
 class synchronized : public forward_properties<synchronized<Upstream>, Upstream>,
                      public sync_names<synchronized<Upstream>>,
@@ -26,7 +32,12 @@ public:
 
   explicit synchronized(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
   synchronized(synchronized&& other) noexcept : upstream_(std::move(other.upstream_)) {}
-  synchronized& operator=(synchronized&&) = delete;
+  synchronized& operator=(synchronized&& other) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
+    requires std::is_move_assignable_v<Upstream>
+  {
+    upstream_ = std::move(other.upstream_);
+    return *this;
+  }
   synchronized(const synchronized&) = delete;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
@@ -101,14 +112,14 @@ public:
 
 private:
   Upstream upstream_;
-  mutable std::mutex mutex_;
+  mutable std::recursive_mutex mutex_;
 };
 
 namespace detail::synchronized_claims {
 using S = synchronized<archetype_resource>;
 static_assert(resource<S> && !stream_resource<S> && !owning_resource<S>);
 static_assert(cuda::mr::resource_with<S, device_accessible> && answers_to_cccl31_names<S>);
-static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S>);
+static_assert(!std::is_copy_constructible_v<S> && std::is_nothrow_move_constructible_v<S> && std::is_nothrow_move_assignable_v<S>);
 } // namespace detail::synchronized_claims
 
 } // namespace strata

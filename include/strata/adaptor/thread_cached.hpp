@@ -13,6 +13,7 @@
 #include <strata/core/archetype.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/detail/size_classes.hpp>
 
@@ -23,16 +24,26 @@ namespace strata {
 /// (alignment up to 256) are rounded to strata's size classes and served from the calling thread's cache;
 /// a miss takes the shared lock once to fetch several blocks, an overfull cache hands half back under one
 /// lock. Larger requests go straight to the shared box under its lock. The shared box needs no lock of its
-/// own. Blocks cached by a thread that has exited stay until release() or destruction, which return every
-/// thread's cache.
+/// own. A thread's cache goes back to the shared box when the thread exits; release() returns every
+/// live thread's cache too.
+///
+/// Re-entrancy: the shared lock is recursive and is the only lock held across a call into the shared box,
+/// so code the shared box calls back on the same thread (a retry_on_oom callback that calls release(), or
+/// allocates or frees through this box) runs without deadlock. Such a call sees the shared box between
+/// two of its operations (retry_on_oom calls back only after the failed attempt left its upstream
+/// unchanged). A callback that waits for another thread which needs this box still deadlocks.
 /// Models: resource; owning/releasable when the upstream is; sized (the class size) when the upstream is;
 /// the upstream's properties. Cost of a cached allocate or free: a thread-local lookup and an uncontended
-/// spin flag, O(1); a miss adds the shared mutex and a few upstream calls. Thread-safe. Move-only (not while
-/// in use).
+/// spin flag, O(1); a miss adds the shared mutex and a few upstream calls; the first call on a thread
+/// allocates its cache, the thread's exit returns it (the shared mutex once per class it holds).
+/// Thread-safe. Movable and move-assignable (not while in use: a move is not synchronized with other
+/// threads' calls); a moved-from box is empty: frees of nullptr, release() and cached() work, allocate
+/// throws usage_error.
 template <resource Upstream>
 class thread_cached : public forward_properties<thread_cached<Upstream>, Upstream>, public sync_names<thread_cached<Upstream>> {
   static constexpr std::size_t largest_class = std::size_t{1} << 20;
   static constexpr auto class_sizes = detail::make_class_table<largest_class>();
+  static constexpr std::size_t batch = 64;  ///< blocks moved per lock: a stack buffer, no allocation
 
 public:
   struct options {
@@ -42,27 +53,30 @@ public:
   };
 
   explicit thread_cached(Upstream upstream = Upstream{}, options opts = options{})
-      : upstream_(std::move(upstream)), opts_(opts), serial_(next_serial())
+      : core_(std::make_unique<core>(std::move(upstream), opts))
   {
-    opts_.max_block = std::min(opts_.max_block, largest_class);
+    core_->opts.max_block = std::min(core_->opts.max_block, largest_class);
   }
-  thread_cached(thread_cached&& other) noexcept
-      : upstream_(std::move(other.upstream_)), opts_(other.opts_), serial_(std::exchange(other.serial_, next_serial())),
-        caches_(std::move(other.caches_))
+  thread_cached(thread_cached&& other) noexcept = default;
+  thread_cached& operator=(thread_cached&& other) noexcept
   {
-    other.caches_.clear();
+    if (this != &other) {
+      close();
+      core_ = std::move(other.core_);
+    }
+    return *this;
   }
-  thread_cached& operator=(thread_cached&&) = delete;
-  ~thread_cached() { drain_all(); }
+  ~thread_cached() { close(); }
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    if (!cacheable(bytes, alignment)) {
-      std::lock_guard lock(mutex_);
-      return upstream_.allocate(bytes, alignment);
+    core& k = live_core();
+    if (!k.cacheable(bytes, alignment)) {
+      std::lock_guard lock(k.mutex);
+      return k.upstream.allocate(bytes, alignment);
     }
     const std::size_t c = detail::class_index(bytes);
-    cache& mine = my_cache();
+    cache& mine = my_cache(k);
     {
       spin_guard guard(mine.busy);
       auto& bin = mine.bins[c];
@@ -72,96 +86,157 @@ public:
         return p;
       }
     }
-    return refill(mine, c);
+    return refill(k, mine, c);
   }
 
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
-    if (p == nullptr) return;
-    if (!cacheable(bytes, alignment)) {
-      std::lock_guard lock(mutex_);
-      upstream_.deallocate(p, bytes, alignment);
+    if (p == nullptr || core_ == nullptr) return;  // nothing can have come from a moved-from box
+    core& k = *core_;
+    if (!k.cacheable(bytes, alignment)) {
+      std::lock_guard lock(k.mutex);
+      k.upstream.deallocate(p, bytes, alignment);
       return;
     }
     const std::size_t c = detail::class_index(bytes);
     cache* mine = nullptr;
     try {
-      mine = &my_cache();
+      mine = &my_cache(k);
     } catch (...) {
-      std::lock_guard lock(mutex_);
-      upstream_.deallocate(p, class_sizes[c], default_alignment);
+      std::lock_guard lock(k.mutex);
+      k.upstream.deallocate(p, class_sizes[c], default_alignment);
       return;
     }
-    spin_guard guard(mine->busy);
-    auto& bin = mine->bins[c];
-    if (bin.size() >= capacity(c)) spill(bin, c, bin.size() / 2 + 1);
-    bin.push_back(p);  // capacity reserved when the cache was made: cannot throw
+    void* spilled[batch];
+    std::size_t n = 0;
+    {
+      spin_guard guard(mine->busy);
+      auto& bin = mine->bins[c];
+      if (bin.size() >= k.capacity(c)) n = take_oldest(bin, std::min(bin.size() / 2 + 1, batch), spilled);
+      bin.push_back(p);  // capacity reserved when the cache was made: cannot throw
+    }
+    k.give_back(spilled, n, c);  // after the flag is dropped: the upstream may call back in
   }
 
   /// Returns every thread's cached blocks to the shared box, then releases the box's free chunks if it can.
   void release()
   {
-    drain_all();
+    if (core_ == nullptr) return;
+    drain_all(*core_);
     if constexpr (releasable_resource<Upstream>) {
-      std::lock_guard lock(mutex_);
-      upstream_.release();
+      std::lock_guard lock(core_->mutex);
+      core_->upstream.release();
     }
   }
 
   std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const
     requires sized_resource<Upstream>
   {
-    if (cacheable(bytes, alignment)) return upstream_.good_size(class_sizes[detail::class_index(bytes)], default_alignment);
-    std::lock_guard lock(mutex_);
-    return upstream_.good_size(bytes, alignment);
+    const core& k = live_core();
+    std::lock_guard lock(k.mutex);
+    if (k.cacheable(bytes, alignment)) return k.upstream.good_size(class_sizes[detail::class_index(bytes)], default_alignment);
+    return k.upstream.good_size(bytes, alignment);
   }
 
   bool owns(const void* p) const noexcept
     requires owning_resource<Upstream>
   {
-    std::lock_guard lock(mutex_);
-    return upstream_.owns(p);
+    if (core_ == nullptr) return false;
+    std::lock_guard lock(core_->mutex);
+    return core_->upstream.owns(p);
   }
 
   /// Blocks and bytes sitting in all threads' caches.
   std::pair<std::size_t, std::size_t> cached() const
   {
-    std::lock_guard registry(registry_mutex_);
+    if (core_ == nullptr) return {0, 0};
+    std::lock_guard registry(core_->registry_mutex);
     std::size_t blocks = 0, bytes = 0;
-    for (const auto& cache : caches_) {
+    for (const auto& cache : core_->caches) {
       spin_guard guard(cache->busy);
-      for (std::size_t c = 0; c < class_sizes.size(); ++c) {
+      for (std::size_t c = 0; c < cache->bins.size(); ++c) {
         blocks += cache->bins[c].size();
         bytes += cache->bins[c].size() * class_sizes[c];
       }
     }
     return {blocks, bytes};
   }
+  /// Threads that hold a cache now (a thread's cache goes when it exits).
   std::size_t threads_seen() const
   {
-    std::lock_guard registry(registry_mutex_);
-    return caches_.size();
+    if (core_ == nullptr) return 0;
+    std::lock_guard registry(core_->registry_mutex);
+    return core_->caches.size();
   }
 
   /// Runs f(upstream) under the shared lock.
   template <class F>
   decltype(auto) with_lock(F&& f)
   {
-    std::lock_guard lock(mutex_);
-    return std::forward<F>(f)(upstream_);
+    core& k = live_core();
+    std::lock_guard lock(k.mutex);
+    return std::forward<F>(f)(k.upstream);
   }
 
   friend bool operator==(const thread_cached& a, const thread_cached& b) noexcept { return &a == &b; }
 
 private:
+  struct core;
+
+  /// One thread's cache. Shared by the box's registry and the thread's list, so that whichever goes first
+  /// (the box, or the thread) leaves the other a valid object. `owner` is read and cleared under `busy`.
   struct cache {
-    mutable std::atomic_flag busy;  // taken by its thread, and by release()/destruction from others
+    mutable std::atomic_flag busy;  // taken by its thread, and by other threads draining or counting
+    core* owner = nullptr;          // null once the box has gone
     std::vector<std::vector<void*>> bins;
+  };
+
+  /// What the box owns, on the heap: its address is stable across moves of the box, so caches can point at it.
+  struct core {
+    core(Upstream up, options o) : upstream(std::move(up)), opts(o) {}
+
+    Upstream upstream;
+    options opts;
+    std::uint64_t serial = next_serial();  ///< never reused: a thread's entry for a dead box never matches
+    mutable std::recursive_mutex mutex;    ///< guards the shared box; recursive for callbacks (see above)
+    mutable std::mutex registry_mutex;     ///< guards `caches`; never held across a call into the shared box
+    std::vector<std::shared_ptr<cache>> caches;
+    std::atomic<std::size_t> exiting{0};   ///< threads returning their cache now: the box waits for them
+
+    bool cacheable(std::size_t bytes, std::size_t alignment) const noexcept
+    {
+      return bytes != 0 && bytes <= opts.max_block && alignment <= default_alignment && is_power_of_two(alignment);
+    }
+    std::size_t capacity(std::size_t c) const noexcept
+    {
+      return std::clamp<std::size_t>(opts.max_bytes_per_class / class_sizes[c], 1, opts.max_blocks_per_class);
+    }
+    void give_back(void* const* blocks, std::size_t n, std::size_t c) noexcept
+    {
+      if (n == 0) return;
+      std::lock_guard lock(mutex);
+      for (std::size_t i = 0; i < n; ++i) upstream.deallocate(blocks[i], class_sizes[c], default_alignment);
+    }
+    /// Empties one cache into the shared box, a batch at a time, never holding its flag across the upstream.
+    void drain(cache& one) noexcept
+    {
+      void* blocks[batch];
+      for (std::size_t c = 0;; ++c) {
+        std::size_t n = 0;
+        {
+          spin_guard guard(one.busy);
+          if (c >= one.bins.size()) return;
+          n = take_oldest(one.bins[c], batch, blocks);
+        }
+        give_back(blocks, n, c);
+        if (n == batch) --c;  // more may be left in this class
+      }
+    }
   };
 
   class spin_guard {
   public:
-    // Contended only while another thread drains the caches (release, destruction): spin, yielding.
+    // Contended only while another thread drains or counts the caches: spin, yielding.
     explicit spin_guard(std::atomic_flag& flag) noexcept : flag_(flag)
     {
       while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
@@ -174,111 +249,164 @@ private:
     std::atomic_flag& flag_;
   };
 
+  /// The calling thread's caches, one per box it used; at thread exit each goes back to its box, if alive.
+  struct thread_caches {
+    struct entry {
+      std::uint64_t serial;
+      std::shared_ptr<cache> c;
+    };
+    std::vector<entry> list;
+    std::uint64_t last_serial = 0;
+    cache* last = nullptr;
+
+    thread_caches() = default;
+    thread_caches(const thread_caches&) = delete;
+    thread_caches& operator=(const thread_caches&) = delete;
+    ~thread_caches()
+    {
+      for (entry& e : list) retire(*e.c);
+    }
+  };
+
   static std::uint64_t next_serial() noexcept
   {
     static std::atomic<std::uint64_t> serial{1};
     return serial.fetch_add(1, std::memory_order_relaxed);
   }
 
-  bool cacheable(std::size_t bytes, std::size_t alignment) const noexcept
+  core& live_core() const
   {
-    return bytes != 0 && bytes <= opts_.max_block && alignment <= default_alignment && is_power_of_two(alignment);
-  }
-  std::size_t capacity(std::size_t c) const noexcept
-  {
-    return std::clamp<std::size_t>(opts_.max_bytes_per_class / class_sizes[c], 1, opts_.max_blocks_per_class);
+    if (core_ == nullptr) throw usage_error("thread_cached: used after being moved from");
+    return *core_;
   }
 
-  /// The calling thread's cache for this box: a thread-local list keyed by the box's serial (never reused,
-  /// so a dead box's entry is never matched), the last one used checked first.
-  cache& my_cache()
+  /// Moves up to `count` of a bin's oldest blocks into `out` (the caller holds the cache's flag).
+  static std::size_t take_oldest(std::vector<void*>& bin, std::size_t count, void** out) noexcept
   {
-    struct entry {
-      std::uint64_t serial;
-      cache* c;
-    };
-    thread_local std::vector<entry> entries;
-    thread_local entry last{0, nullptr};
-    if (last.serial == serial_) return *last.c;
-    for (const entry& e : entries)
-      if (e.serial == serial_) {
-        last = e;
+    count = std::min(count, bin.size());
+    std::copy_n(bin.begin(), count, out);
+    bin.erase(bin.begin(), bin.begin() + static_cast<std::ptrdiff_t>(count));
+    return count;
+  }
+
+  /// A thread is exiting: its cache goes back to the box if the box is still there. The box's destruction
+  /// waits for `exiting` to drop, so it cannot go away during the drain.
+  static void retire(cache& mine) noexcept
+  {
+    core* owner = nullptr;
+    {
+      spin_guard guard(mine.busy);
+      owner = mine.owner;
+      if (owner != nullptr) owner->exiting.fetch_add(1);
+    }
+    if (owner == nullptr) return;
+    owner->drain(mine);
+    {
+      std::lock_guard registry(owner->registry_mutex);
+      std::erase_if(owner->caches, [&](const std::shared_ptr<cache>& c) { return c.get() == &mine; });
+      spin_guard guard(mine.busy);
+      mine.owner = nullptr;
+    }
+    owner->exiting.fetch_sub(1);
+  }
+
+  /// The calling thread's cache for this box, the last one used checked first.
+  static cache& my_cache(core& k)
+  {
+    thread_local thread_caches mine;
+    if (mine.last_serial == k.serial) return *mine.last;
+    for (const auto& e : mine.list)
+      if (e.serial == k.serial) {
+        mine.last_serial = e.serial;
+        mine.last = e.c.get();
         return *e.c;
       }
-    auto fresh = std::make_unique<cache>();
+    std::erase_if(mine.list, [](const typename thread_caches::entry& e) {
+      spin_guard guard(e.c->busy);
+      return e.c->owner == nullptr;  // its box has gone
+    });
+    auto fresh = std::make_shared<cache>();
+    fresh->owner = &k;
     fresh->bins.resize(class_sizes.size());
-    for (std::size_t c = 0; c < class_sizes.size(); ++c) fresh->bins[c].reserve(capacity(c) + 1);
-    cache* raw = fresh.get();
-    entries.reserve(entries.size() + 1);
+    for (std::size_t c = 0; c < class_sizes.size(); ++c) fresh->bins[c].reserve(k.capacity(c) + 1);
+    mine.list.reserve(mine.list.size() + 1);
     {
-      std::lock_guard registry(registry_mutex_);
-      caches_.push_back(std::move(fresh));
+      std::lock_guard registry(k.registry_mutex);
+      k.caches.push_back(fresh);
     }
-    entries.push_back({serial_, raw});
-    last = entries.back();
-    return *raw;
+    mine.list.push_back({k.serial, fresh});  // cannot throw: reserved
+    mine.last_serial = k.serial;
+    mine.last = fresh.get();
+    return *fresh;
   }
 
   /// Fetches half a cache's worth of class c under one lock; returns one block, files the rest.
-  void* refill(cache& mine, std::size_t c)
+  static void* refill(core& k, cache& mine, std::size_t c)
   {
-    const std::size_t want = std::max<std::size_t>(1, capacity(c) / 2);
-    void* got[64];
+    const std::size_t want = std::min(std::max<std::size_t>(1, k.capacity(c) / 2), batch);
+    void* got[batch];
     std::size_t n = 0;
     {
-      std::lock_guard lock(mutex_);
-      got[n++] = upstream_.allocate(class_sizes[c], default_alignment);  // may throw: nothing taken yet
+      std::lock_guard lock(k.mutex);
+      got[n++] = k.upstream.allocate(class_sizes[c], default_alignment);  // may throw: nothing taken yet
       try {
-        while (n < std::min<std::size_t>(want, 64)) got[n++] = upstream_.allocate(class_sizes[c], default_alignment);
+        while (n < want) got[n++] = k.upstream.allocate(class_sizes[c], default_alignment);
       } catch (...) {
         // Fewer spares than hoped; the one asked for is there.
       }
     }
-    spin_guard guard(mine.busy);
-    auto& bin = mine.bins[c];
-    for (std::size_t i = 1; i < n; ++i) {
-      if (bin.size() < capacity(c)) {
-        bin.push_back(got[i]);
-      } else {
-        std::lock_guard lock(mutex_);
-        upstream_.deallocate(got[i], class_sizes[c], default_alignment);
+    void* surplus[batch];
+    std::size_t extra = 0;
+    {
+      spin_guard guard(mine.busy);
+      auto& bin = mine.bins[c];
+      for (std::size_t i = 1; i < n; ++i) {
+        if (bin.size() < k.capacity(c)) bin.push_back(got[i]);
+        else surplus[extra++] = got[i];  // a callback filled the cache meanwhile
       }
     }
+    k.give_back(surplus, extra, c);
     return got[0];
   }
 
-  /// Hands the oldest `count` blocks of a bin back under one lock (the caller holds the cache's flag).
-  void spill(std::vector<void*>& bin, std::size_t c, std::size_t count) noexcept
+  static void drain_all(core& k)
   {
-    count = std::min(count, bin.size());
+    std::vector<std::shared_ptr<cache>> all;
     {
-      std::lock_guard lock(mutex_);
-      for (std::size_t i = 0; i < count; ++i) upstream_.deallocate(bin[i], class_sizes[c], default_alignment);
+      std::lock_guard registry(k.registry_mutex);
+      all = k.caches;  // may throw: nothing has changed yet
     }
-    bin.erase(bin.begin(), bin.begin() + static_cast<std::ptrdiff_t>(count));
+    for (auto& one : all) k.drain(*one);
   }
 
-  void drain_all() noexcept
+  /// Detaches every cache (their threads find no box at exit), waits for exiting threads, then returns
+  /// every cached block. Other threads must not be using the box (as for any destruction).
+  void close() noexcept
   {
-    std::lock_guard registry(registry_mutex_);
-    for (auto& cache : caches_) {
-      spin_guard guard(cache->busy);
-      for (std::size_t c = 0; c < class_sizes.size(); ++c) spill(cache->bins[c], c, cache->bins[c].size());
+    if (core_ == nullptr) return;
+    core& k = *core_;
+    std::vector<std::shared_ptr<cache>> all;
+    {
+      std::lock_guard registry(k.registry_mutex);
+      all.swap(k.caches);
     }
+    for (auto& one : all) {
+      spin_guard guard(one->busy);
+      one->owner = nullptr;
+    }
+    while (k.exiting.load() != 0) std::this_thread::yield();
+    for (auto& one : all) k.drain(*one);
+    core_.reset();
   }
 
-  Upstream upstream_;
-  options opts_;
-  std::uint64_t serial_;
-  mutable std::mutex mutex_;           ///< guards the shared box
-  mutable std::mutex registry_mutex_;  ///< guards the list of caches
-  std::vector<std::unique_ptr<cache>> caches_;
+  std::unique_ptr<core> core_;
 };
 
 namespace detail::thread_cached_claims {
 using T = thread_cached<archetype_resource>;
 static_assert(resource<T> && !stream_resource<T> && !owning_resource<T> && !sized_resource<T>);
 static_assert(cuda::mr::resource_with<T, device_accessible> && answers_to_cccl31_names<T>);
+static_assert(std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>);
 } // namespace detail::thread_cached_claims
 
 } // namespace strata

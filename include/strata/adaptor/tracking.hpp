@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -77,13 +78,26 @@ public:
         tags_(std::move(other.tags_)), current_tag_(std::exchange(other.current_tag_, 0)), sequence_(other.sequence_)
   {
     other.live_.clear();
-    other.tags_.assign(1, std::string{});
+    other.tags_.clear();  // "no tag" comes back with the first tag interned: a noexcept move must not allocate
   }
-  tracking& operator=(tracking&&) = delete;
-  ~tracking()
+  /// Reports what this box still tracks (as its destruction would), then takes the other's upstream and records.
+  tracking& operator=(tracking&& other) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
+    requires std::is_move_assignable_v<Upstream>
   {
-    if (opts_.report_at_destruction && opts_.report_to != nullptr && !live_.empty()) *opts_.report_to << report();
+    if (this != &other) {
+      report_leftovers();
+      upstream_ = std::move(other.upstream_);
+      opts_ = other.opts_;
+      live_ = std::move(other.live_);
+      other.live_.clear();
+      tags_ = std::move(other.tags_);
+      other.tags_.clear();
+      current_tag_ = std::exchange(other.current_tag_, 0);
+      sequence_ = other.sequence_;
+    }
+    return *this;
   }
+  ~tracking() { report_leftovers(); }
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
@@ -165,8 +179,18 @@ private:
     std::uint64_t sequence;
   };
 
+  void report_leftovers() noexcept
+  {
+    try {
+      if (opts_.report_at_destruction && opts_.report_to != nullptr && !live_.empty()) *opts_.report_to << report();
+    } catch (...) {
+      // A report that cannot be written (host out of memory) is not worth a std::terminate.
+    }
+  }
+
   std::size_t intern(std::string tag)
   {
+    if (tags_.empty()) tags_.emplace_back();  // index 0: "no tag" (a moved-from box has none yet)
     const auto it = std::find(tags_.begin(), tags_.end(), tag);
     if (it != tags_.end()) return static_cast<std::size_t>(it - tags_.begin());
     tags_.push_back(std::move(tag));

@@ -23,7 +23,8 @@ inline std::uintptr_t align_address(std::uintptr_t p, std::size_t a) noexcept
   return (p + a - 1) & ~static_cast<std::uintptr_t>(a - 1);
 }
 
-constexpr bool is_aligned(const void* p, std::size_t a) noexcept
+// Not constexpr: a reinterpret_cast is never a constant expression (clang rejects the declaration).
+inline bool is_aligned(const void* p, std::size_t a) noexcept
 {
   return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
 }

@@ -25,7 +25,12 @@ concept stream_resource =
     { r.deallocate_async(p, bytes, alignment, stream) } noexcept -> std::same_as<void>;
   };
 
-/// Can tell whether it handed out a pointer (what fallback routes frees by).
+/// Can tell whether it handed out a pointer (what fallback routes frees by). One meaning across strata:
+/// `owns(p)` is true exactly when p lies inside a block this box handed out and has not taken back — for a
+/// pool, a live block; for a source, a live allocation; for an adaptor, what its box(es) below say. It is
+/// never "p is in my address range": a pool over a source draws its chunks from that source, so a source
+/// answering by range would claim the pool's blocks (fallback<source, pool over the same source> would free
+/// them to the wrong tier). Not owning p says nothing about who does.
 template <class R>
 concept owning_resource = resource<R> && requires(const R& r, const void* p) {
   { r.owns(p) } noexcept -> std::same_as<bool>;
@@ -59,6 +64,9 @@ concept room_reporting_resource = resource<R> && requires(const R& r, std::size_
 };
 
 /// Can free everything at once (arena).
+///
+/// A vocabulary rule boxes rely on (limit does): allocate(0, alignment) checks the alignment (a
+/// std::invalid_argument for one the box cannot honour) before returning nullptr, and has no other effect.
 template <class R>
 concept resettable_resource = resource<R> && requires(R& r) { r.reset(); };
 

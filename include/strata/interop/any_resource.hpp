@@ -7,6 +7,7 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
+#include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
 
 namespace strata {
@@ -77,21 +78,22 @@ public:
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    return vtable_->allocate(object_, bytes, alignment);
+    return vtable_->allocate(held(), bytes, alignment);
   }
+  /// An empty any_resource handed nothing out: a free to it is ignored.
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
-    vtable_->deallocate(object_, p, bytes, alignment);
+    if (object_ != nullptr) vtable_->deallocate(object_, p, bytes, alignment);
   }
   void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
     requires Stream
   {
-    return vtable_->allocate_async(object_, bytes, alignment, stream);
+    return vtable_->allocate_async(held(), bytes, alignment, stream);
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
     requires Stream
   {
-    vtable_->deallocate_async(object_, p, bytes, alignment, stream);
+    if (object_ != nullptr) vtable_->deallocate_async(object_, p, bytes, alignment, stream);
   }
 
   /// The held box, if it is an R (nullptr otherwise): to reach its own interface (usage(), release()...).
@@ -100,7 +102,8 @@ public:
   {
     return object_ != nullptr && vtable_->type == typeid(R) ? static_cast<R*>(object_) : nullptr;
   }
-  const std::type_info& type() const noexcept { return vtable_->type; }
+  /// The held box's type; typeid(void) when empty.
+  const std::type_info& type() const noexcept { return object_ != nullptr ? vtable_->type : typeid(void); }
   explicit operator bool() const noexcept { return object_ != nullptr; }
 
   /// Equal when they hold boxes of one type that compare equal (memory from one may be freed by the other).
@@ -111,6 +114,12 @@ public:
   }
 
 private:
+  void* held() const
+  {
+    if (object_ == nullptr) throw usage_error("any_resource: empty (moved from): it holds no box to allocate from");
+    return object_;
+  }
+
   void reset() noexcept
   {
     if (object_ != nullptr) vtable_->destroy(object_);
@@ -125,7 +134,8 @@ private:
 
 /// An owning, type-erased resource: a program picks a stack at run time and passes it across a
 /// non-template boundary as any_resource<device_accessible>. It accepts any strata box with at least the
-/// listed properties, and declares exactly those. Move-only; a moved-from any_resource is empty.
+/// listed properties, and declares exactly those. Move-only and move-assignable; a moved-from any_resource is
+/// empty: it converts to false, frees are ignored, allocate throws usage_error.
 /// Models: resource (and cuda::mr::resource_with<Properties...>). Cost: one indirect call, then the box's.
 template <class... Properties>
 using any_resource = detail::basic_any_resource<false, Properties...>;

@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
@@ -18,6 +20,7 @@
 #include <strata/core/usage.hpp>
 #include <strata/detail/object_pool.hpp>
 #include <strata/detail/pointer_map.hpp>
+#include <strata/detail/tlsf_lists.hpp>
 #include <strata/detail/tlsf_mapping.hpp>
 
 namespace strata {
@@ -25,30 +28,57 @@ namespace strata {
 /// The general-purpose pool: two-level segregated fit (TLSF). Free blocks are filed in 32 lists per power of
 /// two, found through two levels of bitmaps and find-first-set, so allocate and free are O(1) whatever the
 /// number of free blocks. A block is split to the request (rounded to 256 bytes); a freed block merges with
-/// its free address neighbours inside its chunk at once. Chunks come from the upstream: an initial size,
-/// then geometric growth, optionally bounded by a maximum chunk and a maximum total; when the upstream
-/// refuses a chunk, the smallest chunk that fits is tried before giving up. release() returns every wholly
-/// free chunk. Block headers live in host memory (never in the memory handed out).
+/// its free address neighbours inside its chunk at once. Block headers live in host memory (never in the
+/// memory handed out).
+///
+/// Built to hold no more than it must (issue 13). Small requests (up to `small_limit`) are carved from small
+/// chunks of their own, since small live blocks scattered through large free ranges pin them. A search looks
+/// first through (at most `exact_fit_scan` blocks of) the request's own list, so a free block of exactly the
+/// requested size is used rather than growing beside it. Before the pool grows it hands wholly free chunks
+/// back to the upstream, as many as the new chunk holds, and a wholly free chunk far larger than a request
+/// is handed back rather than carved. New chunks are sized to the need: small chunks all of `small_chunk`;
+/// large ones grow geometrically from `initial_chunk` up to `max_chunk`, and a larger request gets a chunk
+/// of its own size; every size rounded up to `chunk_granularity`, by default the 2 MiB that cudaMalloc takes
+/// for any request that large anyway. When the upstream refuses a chunk, the smallest chunk that fits is
+/// tried before giving up. release() returns every wholly free chunk.
+///
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
-/// Any power-of-two alignment up to the largest chunk. Cost: O(1) allocate and free (bit scans, a hash
-/// lookup by address), no lock; an upstream call only to grow or release. Unsynchronized. Move-only.
+/// Any power-of-two alignment up to max(max_chunk, 1 GiB). Cost: O(1) allocate and free (bit scans, a scan
+/// of at most `exact_fit_scan` blocks of one list, a hash lookup by address), no lock; an upstream call
+/// only to grow (after handing back the wholly free chunks, one call each) or release. Strong guarantee:
+/// after any exception (the upstream out of memory, or a host std::bad_alloc in the bookkeeping) the pool
+/// is as it was; the one exception is when the upstream refuses a new chunk and then also refuses to give
+/// back a wholly free chunk just handed to it (another user took the memory): that chunk stays returned.
+/// Unsynchronized. Move-only.
 template <resource Upstream>
 class coalescing_pool : public forward_properties<coalescing_pool<Upstream>, Upstream>,
                         public sync_names<coalescing_pool<Upstream>> {
 public:
   struct options {
-    std::size_t initial_chunk = std::size_t{2} << 20;
-    std::size_t max_chunk = std::size_t{1} << 30;  ///< growth stops here (a larger request gets its own chunk)
-    std::size_t max_reserved = SIZE_MAX;           ///< never hold more than this from the upstream
-    double growth_factor = 2.0;                    ///< each new chunk is this times the last (at least 1)
+    std::size_t initial_chunk = std::size_t{2} << 20;  ///< the first chunk for large requests; then geometric
+    std::size_t max_chunk = std::size_t{32} << 20;     ///< growth stops here, or at initial_chunk if larger
+                                                       ///< (a larger request gets a chunk of its own size)
+    std::size_t max_reserved = SIZE_MAX;               ///< never hold more than this from the upstream
+    double growth_factor = 2.0;                        ///< each new large chunk is this times the last (>= 1)
+    std::size_t small_limit = std::size_t{256} << 10;  ///< requests up to this use small chunks only (0: no split)
+    std::size_t small_chunk = std::size_t{2} << 20;    ///< the size of every small chunk (capped by max_chunk)
+    std::size_t chunk_granularity = std::size_t{2} << 20;  ///< chunk sizes are rounded up to a multiple of this
+    unsigned exact_fit_scan = 16;                      ///< blocks of the request's own list tried for a fit
+    bool return_free_chunks = true;                    ///< hand wholly free chunks back before growing
   };
 
   explicit coalescing_pool(Upstream upstream = Upstream{}) : coalescing_pool(std::move(upstream), options{}) {}
-  coalescing_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts), next_chunk_(opts.initial_chunk)
+  coalescing_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts)
   {
     if (opts.initial_chunk == 0 || opts.max_chunk == 0 || !(opts.growth_factor >= 1.0))
       throw std::invalid_argument("coalescing_pool: initial_chunk and max_chunk must be positive, growth_factor >= 1");
-    next_chunk_ = align_up(std::min(opts.initial_chunk, opts.max_chunk), granule);
+    if (opts.chunk_granularity == 0 || opts.chunk_granularity > max_request)
+      throw std::invalid_argument("coalescing_pool: chunk_granularity " + std::to_string(opts.chunk_granularity) + " must be in 1 .. 2^56");
+    if (opts.small_limit > 0 && opts.small_chunk == 0)
+      throw std::invalid_argument("coalescing_pool: small_chunk 0 with small_limit " + std::to_string(opts.small_limit) + ": small chunks must hold something");
+    opts_.chunk_granularity = align_up(opts.chunk_granularity, granule);
+    opts_.max_chunk = std::max(opts.max_chunk, opts.initial_chunk);  // a first chunk asked for is honoured
+    next_chunk_ = first_chunk();
   }
 
   coalescing_pool(coalescing_pool&& other) noexcept : upstream_(std::move(other.upstream_)) { take(other); }
@@ -67,21 +97,31 @@ public:
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    check_alignment("coalescing_pool", alignment, std::max(opts_.max_chunk, default_alignment));
+    check_alignment("coalescing_pool", alignment, std::max({opts_.max_chunk, std::size_t{1} << 30, default_alignment}));
     if (bytes == 0) return nullptr;
     if (bytes > max_request) throw_oom(bytes);
     const std::size_t align = effective_alignment(alignment);
     const std::size_t size = align_up(bytes, granule);
     const std::size_t search = size + (align - granule);  // room to align inside any block found
-    block* b = find_free(search);
-    // A chunk of exactly `search` bytes may be filed below the list a search starts at: use it directly.
-    if (b == nullptr) b = grow(search, bytes);
-    remove_free(b);
+    const unsigned band = band_for(search);
+    // Every host allocation the call may need happens before anything changes: the strong guarantee.
+    ensure_spares();
+    block* b = bands_[band].find(search, opts_.exact_fit_scan);
+    if (b == nullptr) b = grow(search, bytes, band, nullptr);
+    else if (too_large_to_carve(b, search)) b = grow(search, bytes, band, b);
     const std::uintptr_t start = align_address(b->address, align);
+    block* used = start > b->address ? spare_[spares_ - 1] : b;  // split_front's node is the next spare
+    try {
+      used_.insert(reinterpret_cast<void*>(start), used);
+    } catch (...) {
+      abandon_growth();
+      throw;
+    }
+    commit_growth();
+    remove_free(b);
     if (start > b->address) b = split_front(b, start - b->address);
     if (b->size > size) split_back(b, size);
     b->free = false;
-    used_.insert(reinterpret_cast<void*>(b->address), b);
     in_use_ += b->size;
     return reinterpret_cast<void*>(b->address);
   }
@@ -106,18 +146,23 @@ public:
     insert_free(b);
   }
 
+  /// The bytes a block for `bytes` really holds. A size the pool can never serve (allocate throws
+  /// out_of_memory for it) has no good size: SIZE_MAX, never a wrapped-around small number.
   std::size_t good_size(std::size_t bytes, std::size_t = default_alignment) const noexcept
   {
-    return bytes == 0 ? 0 : align_up(bytes, granule);
+    if (bytes == 0) return 0;
+    return bytes > max_request ? SIZE_MAX : align_up(bytes, granule);
   }
 
-  /// Whether a free block could serve the request now (false may be pessimistic by one TLSF list).
+  /// Whether allocate would serve the request without taking a chunk from the upstream (false may be
+  /// pessimistic when the request's own list holds more than exact_fit_scan blocks).
   bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
   {
     if (bytes == 0) return true;
     if (bytes > max_request) return false;
     const std::size_t search = align_up(bytes, granule) + (effective_alignment(alignment) - granule);
-    return const_cast<coalescing_pool*>(this)->find_free(search) != nullptr;
+    const block* b = bands_[band_for(search)].find(search, opts_.exact_fit_scan);
+    return b != nullptr && !too_large_to_carve(b, search);
   }
 
   bool owns(const void* p) const noexcept
@@ -131,27 +176,25 @@ public:
   std::size_t release()
   {
     std::size_t returned = 0;
-    for (auto it = chunks_.begin(); it != chunks_.end();) {
-      block* first = it->second.first;
-      if (!first->free || first->size != it->second.size) {
-        ++it;
-        continue;
-      }
-      remove_free(first);
-      nodes_.recycle(first);
-      returned += it->second.size;
-      reserved_ -= it->second.size;
-      upstream_.deallocate(reinterpret_cast<void*>(it->first), it->second.size, it->second.alignment);
-      it = chunks_.erase(it);
+    while (idle_head_ != nullptr) {
+      block* b = idle_head_;
+      remove_free(b);
+      const auto it = chunks_.find(b->address);
+      const chunk_info chunk = it->second;
+      chunks_.erase(it);
+      nodes_.recycle(b);
+      returned += chunk.size;
+      reserved_ -= chunk.size;
+      upstream_.deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
     }
-    if (chunks_.empty()) next_chunk_ = align_up(std::min(opts_.initial_chunk, opts_.max_chunk), granule);
+    if (chunks_.empty()) next_chunk_ = first_chunk();
     return returned;
   }
 
   strata::usage usage() const noexcept
   {
-    return {.reserved = reserved_, .in_use = in_use_, .largest_free = largest_free(), .chunks = chunks_.size(),
-            .used_blocks = used_.size(), .free_blocks = free_count_};
+    return {.reserved = reserved_, .in_use = in_use_, .largest_free = std::max(bands_[0].largest(), bands_[1].largest()),
+            .chunks = chunks_.size(), .used_blocks = used_.size(), .free_blocks = bands_[0].count() + bands_[1].count()};
   }
 
   strata::snapshot snapshot() const
@@ -173,10 +216,11 @@ public:
 private:
   static constexpr std::size_t granule = detail::tlsf::granule;
   static constexpr std::size_t max_request = std::size_t{1} << 56;
-  using list_index = detail::tlsf::list_index;
+  static constexpr unsigned small_band = 0, large_band = 1;
+  static constexpr unsigned spare_count = 3;  // one for a new chunk, two for the splits
 
   /// A block's header, in host memory. prev/next: address neighbours in the chunk; free_prev/free_next: the
-  /// free list it is filed in.
+  /// free list it is filed in; idle_prev/idle_next: the list of wholly free chunks, when it is one.
   struct block {
     std::uintptr_t address = 0;
     std::size_t size = 0;
@@ -184,66 +228,75 @@ private:
     block* next = nullptr;
     block* free_prev = nullptr;
     block* free_next = nullptr;
+    block* idle_prev = nullptr;
+    block* idle_next = nullptr;
+    unsigned band = 0;
     bool free = false;
   };
   struct chunk_info {
-    std::size_t size;
-    std::size_t alignment;
-    block* first;
+    std::size_t size = 0;
+    std::size_t alignment = 0;
+    block* first = nullptr;
   };
+  using chunk_map = std::map<std::uintptr_t, chunk_info>;
 
   [[noreturn]] void throw_oom(std::size_t bytes) const { throw out_of_memory("coalescing_pool", bytes, figures(reserved_, in_use_)); }
 
-  block*& head(list_index i) noexcept { return heads_[i.first][i.second]; }
+  unsigned band_for(std::size_t search) const noexcept { return search <= opts_.small_limit ? small_band : large_band; }
+
+  std::size_t first_chunk() const noexcept { return align_up(std::min(opts_.initial_chunk, opts_.max_chunk), granule); }
+
+  static bool whole_chunk(const block* b) noexcept { return b->prev == nullptr && b->next == nullptr; }
 
   void insert_free(block* b) noexcept
   {
     b->free = true;
-    const list_index i = detail::tlsf::mapping_insert(b->size / granule);
-    block*& h = head(i);
-    b->free_prev = nullptr;
-    b->free_next = h;
-    if (h != nullptr) h->free_prev = b;
-    h = b;
-    first_bits_ |= std::uint64_t{1} << i.first;
-    second_bits_[i.first] |= std::uint32_t{1} << i.second;
-    ++free_count_;
+    bands_[b->band].insert(b);
+    if (!whole_chunk(b)) return;
+    b->idle_prev = nullptr;
+    b->idle_next = idle_head_;
+    if (idle_head_ != nullptr) idle_head_->idle_prev = b;
+    idle_head_ = b;
+    ++idle_count_;
   }
 
   void remove_free(block* b) noexcept
   {
-    const list_index i = detail::tlsf::mapping_insert(b->size / granule);
-    if (b->free_prev != nullptr) b->free_prev->free_next = b->free_next;
-    else head(i) = b->free_next;
-    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
-    if (head(i) == nullptr) {
-      second_bits_[i.first] &= ~(std::uint32_t{1} << i.second);
-      if (second_bits_[i.first] == 0) first_bits_ &= ~(std::uint64_t{1} << i.first);
-    }
-    b->free_prev = b->free_next = nullptr;
-    --free_count_;
+    bands_[b->band].remove(b);
+    if (!whole_chunk(b)) return;
+    if (b->idle_prev != nullptr) b->idle_prev->idle_next = b->idle_next;
+    else idle_head_ = b->idle_next;
+    if (b->idle_next != nullptr) b->idle_next->idle_prev = b->idle_prev;
+    b->idle_prev = b->idle_next = nullptr;
+    --idle_count_;
   }
 
-  /// A free block of at least `bytes`, in O(1): the first non-empty list at or above the search mapping.
-  block* find_free(std::size_t bytes) noexcept
+  /// A wholly free chunk far larger than the request (more than three times, and by more than max_chunk)
+  /// is worth more handed back than carved: the block would pin all of it, and the next request of the
+  /// chunk's own size would grow the pool. Growth hands it back first, then takes a chunk sized to this one.
+  bool too_large_to_carve(const block* b, std::size_t needed) const noexcept
   {
-    list_index i = detail::tlsf::mapping_search(bytes / granule);
-    if (i.first >= detail::tlsf::first_level_count) return nullptr;
-    std::uint32_t second = i.second < 32 ? second_bits_[i.first] & (~std::uint32_t{0} << i.second) : 0;
-    if (second == 0) {
-      const std::uint64_t first = i.first + 1 < 64 ? first_bits_ & (~std::uint64_t{0} << (i.first + 1)) : 0;
-      if (first == 0) return nullptr;
-      i.first = static_cast<unsigned>(std::countr_zero(first));
-      second = second_bits_[i.first];
-    }
-    i.second = static_cast<unsigned>(std::countr_zero(second));
-    return head(i);
+    if (!opts_.return_free_chunks || !whole_chunk(b)) return false;
+    const std::size_t slack = b->size - needed;
+    return slack > std::max(opts_.max_chunk, opts_.chunk_granularity) && slack / 2 > needed;
+  }
+
+  void ensure_spares()
+  {
+    while (spares_ < spare_count) spare_[spares_++] = nodes_.make();
+  }
+  block* take_spare() noexcept { return spare_[--spares_]; }
+  void recycle(block* b) noexcept
+  {
+    if (spares_ < spare_count) spare_[spares_++] = b;
+    else nodes_.recycle(b);
   }
 
   /// Splits `front` bytes off b's start (they stay free); returns the rest, still off the lists.
-  block* split_front(block* b, std::size_t front)
+  block* split_front(block* b, std::size_t front) noexcept
   {
-    block* rest = nodes_.make({b->address + front, b->size - front, b, b->next, nullptr, nullptr, false});
+    block* rest = take_spare();
+    *rest = block{.address = b->address + front, .size = b->size - front, .prev = b, .next = b->next, .band = b->band};
     if (b->next != nullptr) b->next->prev = rest;
     b->next = rest;
     b->size = front;
@@ -252,9 +305,10 @@ private:
   }
 
   /// Keeps `size` bytes in b; the tail becomes a free block (its next neighbour is never free: merged).
-  void split_back(block* b, std::size_t size)
+  void split_back(block* b, std::size_t size) noexcept
   {
-    block* tail = nodes_.make({b->address + size, b->size - size, b, b->next, nullptr, nullptr, false});
+    block* tail = take_spare();
+    *tail = block{.address = b->address + size, .size = b->size - size, .prev = b, .next = b->next, .band = b->band};
     if (b->next != nullptr) b->next->prev = tail;
     b->next = tail;
     b->size = size;
@@ -267,54 +321,142 @@ private:
     b->size += n->size;
     b->next = n->next;
     if (n->next != nullptr) n->next->prev = b;
-    nodes_.recycle(n);
+    recycle(n);
   }
 
-  /// Adds a chunk holding at least `needed` bytes: the next size in the geometric series, or, when the
-  /// upstream refuses that, the smallest chunk that fits. Returns the chunk's one free block. Strong guarantee.
-  block* grow(std::size_t needed, std::size_t bytes)
+  static std::size_t round_up(std::size_t n, std::size_t step) noexcept { return (n + step - 1) / step * step; }
+
+  /// The size of a new chunk for a request needing `needed` bytes: small chunks all alike, large ones the
+  /// next size in the geometric series; a request above max_chunk gets a chunk of its own size. Rounded up
+  /// to chunk_granularity (without passing max_chunk), since the upstream would take that much anyway.
+  std::size_t chunk_size_for(std::size_t needed, unsigned band) const noexcept
   {
-    std::size_t size = std::max(needed, next_chunk_);
-    if (reserved_ + needed > opts_.max_reserved || reserved_ + needed < reserved_) throw_oom(bytes);
-    size = std::max(needed, (std::min(size, opts_.max_reserved - reserved_) / granule) * granule);
-    const std::size_t alignment = std::min(std::bit_floor(size), max_alignment_of<Upstream>);
+    const std::size_t g = opts_.chunk_granularity;
+    if (needed > opts_.max_chunk) return round_up(needed, g);
+    const std::size_t step = band == small_band ? std::min(opts_.small_chunk, opts_.max_chunk) : next_chunk_;
+    return std::min(round_up(std::max(needed, step), g), std::max(opts_.max_chunk / granule * granule, needed));
+  }
+
+  static std::size_t chunk_alignment(std::size_t size) noexcept { return std::min(std::bit_floor(size), max_alignment_of<Upstream>); }
+
+  /// Adds a chunk holding at least `needed` bytes, after handing the wholly free chunks back (they are
+  /// kept aside and taken again if the growth fails: see abandon_growth). Returns the chunk's one free
+  /// block. Until commit_growth or abandon_growth, the growth can be undone. Strong guarantee.
+  block* grow(std::size_t needed, std::size_t bytes, unsigned band, block* retire_first)
+  {
+    // The new chunk's map node is made now, so that nothing can fail once memory has moved.
+    auto entry = chunks_.extract(chunks_.emplace(0, chunk_info{}).first);
+    if (opts_.return_free_chunks && idle_count_ > 0) {
+      retired_.reserve(idle_count_);
+      retire_free_chunks(chunk_size_for(needed, band), retire_first);
+    }
+    if (needed > opts_.max_reserved || reserved_ > opts_.max_reserved - needed) {
+      restore_retired();
+      throw_oom(bytes);
+    }
+    std::size_t size = chunk_size_for(needed, band);
+    size = std::max(needed, std::min(size, (opts_.max_reserved - reserved_) / granule * granule));
     void* p = nullptr;
     try {
-      p = upstream_.allocate(size, alignment);
+      p = take_chunk(size, needed);
     } catch (const out_of_memory&) {
-      if (size == needed) throw_oom(bytes);
-      size = needed;
-      try {
-        p = upstream_.allocate(size, std::min(std::bit_floor(size), max_alignment_of<Upstream>));
-      } catch (const out_of_memory&) {
-        throw_oom(bytes);
-      }
-    }
-    const std::size_t used_alignment = std::min(std::bit_floor(size), max_alignment_of<Upstream>);
-    const auto base = reinterpret_cast<std::uintptr_t>(p);
-    block* b = nullptr;
-    try {
-      b = nodes_.make({base, size, nullptr, nullptr, nullptr, nullptr, true});
-      chunks_.emplace(base, chunk_info{size, used_alignment, b});
-      insert_free(b);
-    } catch (...) {
-      upstream_.deallocate(p, size, used_alignment);
+      restore_retired();
+      throw_oom(bytes);
+    } catch (...) {  // anything else the upstream throws (a cuda_error, a host bad_alloc) passes through
+      restore_retired();
       throw;
     }
+    const auto base = reinterpret_cast<std::uintptr_t>(p);
+    block* b = take_spare();
+    *b = block{.address = base, .size = size, .band = band};
+    entry.key() = base;
+    entry.mapped() = chunk_info{size, chunk_alignment(size), b};
+    chunks_.insert(std::move(entry));
+    insert_free(b);
     reserved_ += size;
-    const double grown = static_cast<double>(next_chunk_) * opts_.growth_factor;
-    next_chunk_ = align_up(static_cast<std::size_t>(std::min(grown, static_cast<double>(opts_.max_chunk))), granule);
+    grown_ = b;
+    grown_from_series_ = band == large_band && needed <= opts_.max_chunk;
+    if (grown_from_series_) {
+      previous_next_chunk_ = next_chunk_;
+      const double grown = static_cast<double>(next_chunk_) * opts_.growth_factor;
+      next_chunk_ = align_up(static_cast<std::size_t>(std::min(grown, static_cast<double>(opts_.max_chunk))), granule);
+    }
     return b;
   }
 
-  std::size_t largest_free() const noexcept
+  /// A chunk of `size` bytes from the upstream or, when it refuses that, of exactly `needed`; sets `size`.
+  void* take_chunk(std::size_t& size, std::size_t needed)
   {
-    if (first_bits_ == 0) return 0;
-    const unsigned first = 63 - static_cast<unsigned>(std::countl_zero(first_bits_));
-    const unsigned second = 31 - static_cast<unsigned>(std::countl_zero(second_bits_[first]));
-    std::size_t largest = 0;
-    for (const block* b = heads_[first][second]; b != nullptr; b = b->free_next) largest = std::max(largest, b->size);
-    return largest;
+    try {
+      return upstream_.allocate(size, chunk_alignment(size));
+    } catch (const out_of_memory&) {
+      if (size == needed) throw;
+    }
+    void* p = upstream_.allocate(needed, chunk_alignment(needed));
+    size = needed;
+    return p;
+  }
+
+  /// Hands wholly free chunks back to the upstream, keeping their map entries and nodes aside, until
+  /// `enough` bytes went back (the size of the chunk about to be taken: the pool does not grow then).
+  /// Handing back more would only make later growths take them again.
+  void retire_free_chunks(std::size_t enough, block* first) noexcept
+  {
+    std::size_t retired = 0;
+    while (idle_head_ != nullptr && retired < enough) {
+      block* b = first != nullptr ? std::exchange(first, nullptr) : idle_head_;
+      remove_free(b);
+      auto entry = chunks_.extract(b->address);
+      upstream_.deallocate(reinterpret_cast<void*>(b->address), entry.mapped().size, entry.mapped().alignment);
+      reserved_ -= entry.mapped().size;
+      retired += entry.mapped().size;
+      retired_.push_back(std::move(entry));  // capacity reserved by the caller
+    }
+  }
+
+  /// Takes the retired chunks again (at new addresses; they are wholly free, so nothing refers to them).
+  void restore_retired() noexcept
+  {
+    for (auto& entry : retired_) {
+      block* b = entry.mapped().first;
+      void* p = nullptr;
+      try {
+        p = upstream_.allocate(entry.mapped().size, entry.mapped().alignment);
+      } catch (...) {
+        recycle(b);  // the memory went elsewhere meanwhile: the chunk stays returned
+        continue;
+      }
+      b->address = reinterpret_cast<std::uintptr_t>(p);
+      entry.key() = b->address;
+      chunks_.insert(std::move(entry));
+      insert_free(b);
+      reserved_ += b->size;
+    }
+    retired_.clear();
+  }
+
+  void commit_growth() noexcept
+  {
+    for (auto& entry : retired_) recycle(entry.mapped().first);
+    retired_.clear();
+    grown_ = nullptr;
+  }
+
+  /// Undoes the growth of this call (if any): the new chunk goes back, the retired ones are taken again.
+  void abandon_growth() noexcept
+  {
+    if (grown_ == nullptr) return;
+    block* b = grown_;
+    grown_ = nullptr;
+    remove_free(b);
+    const auto it = chunks_.find(b->address);
+    const chunk_info chunk = it->second;
+    chunks_.erase(it);
+    reserved_ -= chunk.size;
+    upstream_.deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
+    recycle(b);
+    if (grown_from_series_) next_chunk_ = previous_next_chunk_;
+    restore_retired();
   }
 
   void return_everything() noexcept
@@ -329,10 +471,10 @@ private:
     }
     chunks_.clear();
     used_.clear();
-    for (auto& row : heads_) row.fill(nullptr);
-    first_bits_ = 0;
-    second_bits_.fill(0);
-    reserved_ = in_use_ = free_count_ = 0;
+    for (auto& lists : bands_) lists.clear();
+    idle_head_ = nullptr;
+    idle_count_ = 0;
+    reserved_ = in_use_ = 0;
   }
 
   void take(coalescing_pool& other) noexcept
@@ -341,29 +483,35 @@ private:
     nodes_ = std::move(other.nodes_);
     chunks_ = std::move(other.chunks_);
     used_ = std::move(other.used_);
-    heads_ = other.heads_;
-    first_bits_ = std::exchange(other.first_bits_, 0);
-    second_bits_ = std::exchange(other.second_bits_, {});
+    bands_ = other.bands_;
+    idle_head_ = std::exchange(other.idle_head_, nullptr);
+    idle_count_ = std::exchange(other.idle_count_, 0);
+    spare_ = other.spare_;
+    spares_ = std::exchange(other.spares_, 0);
     reserved_ = std::exchange(other.reserved_, 0);
     in_use_ = std::exchange(other.in_use_, 0);
-    free_count_ = std::exchange(other.free_count_, 0);
     next_chunk_ = other.next_chunk_;
     other.chunks_.clear();
     other.used_ = detail::pointer_map<block*>{};
-    for (auto& row : other.heads_) row.fill(nullptr);
+    for (auto& lists : other.bands_) lists.clear();
   }
 
   [[no_unique_address]] Upstream upstream_;
   options opts_;
   detail::object_pool<block> nodes_;
-  std::map<std::uintptr_t, chunk_info> chunks_;
+  chunk_map chunks_;
   detail::pointer_map<block*> used_;
-  std::array<std::array<block*, detail::tlsf::second_level_count>, detail::tlsf::first_level_count> heads_{};
-  std::uint64_t first_bits_ = 0;
-  std::array<std::uint32_t, detail::tlsf::first_level_count> second_bits_{};
+  std::array<detail::tlsf_lists<block>, 2> bands_{};  // small and large requests, never mixed
+  block* idle_head_ = nullptr;                          // wholly free chunks, whichever band
+  std::size_t idle_count_ = 0;
+  std::array<block*, spare_count> spare_{};             // nodes made ahead, so no split can fail
+  unsigned spares_ = 0;
+  std::vector<typename chunk_map::node_type> retired_;  // chunks handed back by the growth under way
+  block* grown_ = nullptr;                              // the chunk the growth under way added
+  bool grown_from_series_ = false;
+  std::size_t previous_next_chunk_ = 0;
   std::size_t reserved_ = 0;
   std::size_t in_use_ = 0;
-  std::size_t free_count_ = 0;
   std::size_t next_chunk_ = 0;
 };
 

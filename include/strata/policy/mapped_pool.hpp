@@ -16,7 +16,7 @@
 #include <strata/core/usage.hpp>
 #include <strata/detail/object_pool.hpp>
 #include <strata/detail/pointer_map.hpp>
-#include <strata/detail/tlsf_index.hpp>
+#include <strata/detail/tlsf_lists.hpp>
 #include <strata/pages/page_backend.hpp>
 
 namespace strata {
@@ -235,7 +235,7 @@ private:
     std::uintptr_t base = 0;
     std::size_t size = 0;
     block* first = nullptr;
-    detail::tlsf_index<block> free;
+    detail::tlsf_lists<block> free;
     std::vector<page_state> pages;
   };
 

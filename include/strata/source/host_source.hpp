@@ -36,7 +36,13 @@ public:
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
     if (p == nullptr) return;
+#if defined(__cpp_sized_deallocation)
     ::operator delete(p, bytes, std::align_val_t{effective_alignment(alignment)});
+#else
+    // clang leaves sized deallocation off unless -fsized-deallocation: the size is only a hint.
+    (void)bytes;
+    ::operator delete(p, std::align_val_t{effective_alignment(alignment)});
+#endif
   }
 
   friend constexpr bool operator==(const host_source&, const host_source&) noexcept { return true; }

@@ -61,7 +61,8 @@ public:
 
   registered_host_source(registered_host_source&& other) noexcept
       : base_(std::exchange(other.base_, nullptr)), size_(std::exchange(other.size_, 0)),
-        mapped_(std::exchange(other.mapped_, false)), lent_(std::exchange(other.lent_, false))
+        mapped_(std::exchange(other.mapped_, false)), lent_(std::exchange(other.lent_, false)),
+        lent_bytes_(std::exchange(other.lent_bytes_, 0))
   {}
   registered_host_source& operator=(registered_host_source&& other) noexcept
   {
@@ -71,6 +72,7 @@ public:
       size_ = std::exchange(other.size_, 0);
       mapped_ = std::exchange(other.mapped_, false);
       lent_ = std::exchange(other.lent_, false);
+      lent_bytes_ = std::exchange(other.lent_bytes_, 0);
     }
     return *this;
   }
@@ -86,17 +88,23 @@ public:
       throw out_of_memory("registered_host_source", bytes,
                           base_ == nullptr ? "released" : lent_ ? "its one region is in use" : "the region holds " + std::to_string(size_) + " bytes");
     lent_ = true;
+    lent_bytes_ = bytes;
     return base_;
   }
   void deallocate(void* p, std::size_t, std::size_t = default_alignment) noexcept
   {
-    if (p != nullptr && p == base_) lent_ = false;
+    if (p != nullptr && p == base_) {
+      lent_ = false;
+      lent_bytes_ = 0;
+    }
   }
 
+  /// True exactly inside the block handed out and not yet taken back (concepts.hpp: owning_resource):
+  /// not for the rest of the region, nor for the region while it is not lent.
   bool owns(const void* p) const noexcept
   {
     const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(base_);
-    return base_ != nullptr && a >= b && a < b + size_;
+    return lent_ && a >= b && a < b + lent_bytes_;
   }
   /// Unregisters (and unmaps a file it mapped); refused while the region is lent out.
   void release()
@@ -144,12 +152,14 @@ private:
     size_ = 0;
     mapped_ = false;
     lent_ = false;
+    lent_bytes_ = 0;
   }
 
   void* base_ = nullptr;
   std::size_t size_ = 0;
   bool mapped_ = false;
   bool lent_ = false;
+  std::size_t lent_bytes_ = 0;  ///< the block handed out: what owns() answers for
 };
 
 static_assert(resource<registered_host_source> && owning_resource<registered_host_source> && releasable_resource<registered_host_source>);
