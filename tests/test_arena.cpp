@@ -141,3 +141,64 @@ TEST_CASE("arena: moves hand over the chunks")
   b.release();
   CHECK(upstream.outstanding_bytes() == 0);
 }
+
+TEST_CASE("arena: a request above the chunk cap gets a chunk of its own size")
+{
+  spy<simulated_source> upstream;
+  arena<ref<spy<simulated_source>>> a{ref(upstream), {.initial_chunk = 1 << 16, .max_chunk = 1 << 20}};
+  const std::size_t big = (std::size_t{5} << 20) + 1000;  // above 4x the cap, which it used to refuse
+  void* p = a.allocate(big);
+  CHECK(a.owns(p));
+  CHECK(upstream.allocations() == 1);
+  CHECK(upstream.outstanding_bytes() == align_up(big, 256));  // exactly the request: no doubling past the cap
+  void* q = a.allocate(1000);  // the next small one gets the next chunk of the geometric series
+  CHECK(upstream.outstanding_bytes() == align_up(big, 256) + (1 << 17));
+  a.deallocate(q, 1000);
+  a.deallocate(p, big);
+}
+
+TEST_CASE("arena: the default arena serves 5 GiB from a 141 GiB card")
+{
+  arena<simulated_source> a{simulated_source(std::size_t{141} << 30)};
+  const std::size_t five_gib = std::size_t{5} << 30;
+  void* p = a.allocate(five_gib);
+  CHECK(a.usage().in_use == five_gib);
+  CHECK(a.upstream().allocated_bytes() == five_gib);
+  a.deallocate(p, five_gib);
+  CHECK_THROWS_AS((void)a.allocate(std::size_t{142} << 30), out_of_memory);  // more than the card
+}
+
+TEST_CASE("arena: sizes near SIZE_MAX are refused without wrapping, even with room in the current chunk")
+{
+  arena<simulated_source> a;
+  void* p = a.allocate(1000);  // a current chunk with room: a wrapped end would seem to fit
+  for (std::size_t bytes : {SIZE_MAX, SIZE_MAX - 255, SIZE_MAX - 4096, SIZE_MAX / 2 + 1}) {
+    CAPTURE(bytes);
+    CHECK_THROWS_AS((void)a.allocate(bytes), out_of_memory);
+    CHECK_THROWS_AS((void)a.allocate(bytes, 1 << 20), out_of_memory);
+  }
+  CHECK(a.usage().used_blocks == 1);
+  a.deallocate(p, 1000);
+}
+
+TEST_CASE("arena: a moved-from arena is empty and usable")
+{
+  arena<simulated_source> a;
+  void* p = a.allocate(1000);
+  arena<simulated_source> b(std::move(a));
+  void* q = a.allocate(1000);  // NOLINT(bugprone-use-after-move): the rule under test
+  CHECK(a.owns(q));
+  CHECK_FALSE(b.owns(q));
+  a.deallocate(q, 1000);
+  b.deallocate(p, 1000);
+}
+
+TEST_CASE("arena: refusals in a random workload come only from the upstream")
+{
+  // Frees other than the latest are no-ops until reset(): the arena fills its 128 MiB and then only refuses.
+  spy<simulated_source> upstream{simulated_source(std::size_t{128} << 20)};
+  arena<ref<spy<simulated_source>>> a{ref(upstream), {.initial_chunk = 1 << 16, .max_chunk = 4 << 20}};
+  const auto result = testing::run_random_workload(a, {.operations = 5'000, .max_live = 100, .max_bytes = 1 << 20, .min_allocations = 1'000},
+                                                   true, testing::refused_by(upstream));
+  CHECK(result.refusals > 0);
+}

@@ -71,7 +71,8 @@ TEST_CASE("buddy_pool: randomized invariants")
     spy<simulated_source> upstream;
     {
       pool_over_spy pool{ref(upstream), {.region_size = 256 << 20}};
-      testing::run_random_workload(pool, {.operations = 100'000, .max_live = 2000, .max_bytes = 16 << 20, .max_alignment = 1 << 20});
+      const auto result = testing::run_random_workload(pool, {.operations = 100'000, .max_live = 2000, .max_bytes = 16 << 20, .max_alignment = 1 << 20});
+      CHECK(result.allocations > 45'000);  // about half the operations; none refused
       const auto u = pool.usage();
       CHECK(u.free_blocks == u.chunks);  // everything merged back into whole regions
       pool.release();
@@ -84,7 +85,8 @@ TEST_CASE("buddy_pool: randomized invariants")
     spy<small_alignment_host> upstream;
     {
       buddy_pool<ref<spy<small_alignment_host>>> pool{ref(upstream), {.region_size = 64 << 20}};
-      testing::run_random_workload(pool, {.operations = 30'000, .max_live = 500, .max_bytes = 1 << 20, .max_alignment = 1 << 16});
+      const auto result = testing::run_random_workload(pool, {.operations = 30'000, .max_live = 500, .max_bytes = 1 << 20, .max_alignment = 1 << 16});
+      CHECK(result.allocations > 13'000);
     }
     CHECK(upstream.outstanding_bytes() == 0);
     CHECK(upstream.mismatches() == 0);
@@ -125,4 +127,54 @@ TEST_CASE("buddy_pool: release returns exactly the wholly free regions")
   void* p = pool.allocate(256);
   pool.deallocate(p, 256);
   CHECK(pool.usage().free_blocks == 1);
+}
+
+TEST_CASE("buddy_pool: sizes no block can hold are out_of_memory, computed without overflow")
+{
+  spy<simulated_source> upstream;
+  pool_over_spy pool{ref(upstream), {.region_size = 1 << 20}};
+  const std::size_t largest = std::size_t{1} << 56;
+  CHECK(pool.good_size(SIZE_MAX) == SIZE_MAX);  // used to shift by 64
+  CHECK(pool.good_size(largest + 1) == SIZE_MAX);
+  CHECK(pool.good_size(largest) == largest);
+  CHECK(pool.good_size(largest, 1 << 20) == largest);
+  CHECK(pool.good_size(1000, 1 << 20) == 1 << 20);
+  for (std::size_t bytes : {SIZE_MAX, SIZE_MAX - 255, largest + 1}) {
+    CAPTURE(bytes);
+    CHECK_THROWS_WITH_AS((void)pool.allocate(bytes), doctest::Contains(std::to_string(bytes).c_str()), out_of_memory);
+  }
+  CHECK_THROWS_AS((void)pool.allocate(largest), out_of_memory);  // a valid size the upstream cannot give
+  CHECK(upstream.outstanding_blocks() == 0);
+  // Over a source that aligns only 256 bytes, a block makes room to align inside: that room must not wrap either.
+  buddy_pool<small_alignment_host> small{small_alignment_host{}, {.region_size = std::size_t{1} << 62}};
+  CHECK(small.good_size(largest, std::size_t{1} << 60) == SIZE_MAX);
+  CHECK_THROWS_AS((void)small.allocate(largest, std::size_t{1} << 60), out_of_memory);
+  testing::check_still_usable(pool);
+}
+
+TEST_CASE("buddy_pool: a moved-from pool is empty and usable")
+{
+  spy<simulated_source> upstream;
+  pool_over_spy a{ref(upstream), {.region_size = 1 << 20}};
+  void* p = a.allocate(1000);
+  pool_over_spy b(std::move(a));
+  CHECK(a.usage() == strata::usage{});  // NOLINT(bugprone-use-after-move): the rule under test
+  void* q = a.allocate(1000);
+  CHECK(a.owns(q));
+  CHECK_FALSE(b.owns(q));
+  a.deallocate(q, 1000);
+  b.deallocate(p, 1000);
+  buddy_pool<simulated_source> c{simulated_source{}, {.region_size = 1 << 20}};
+  buddy_pool<simulated_source> d(std::move(c));
+  testing::check_still_usable(c);  // NOLINT(bugprone-use-after-move)
+}
+
+TEST_CASE("buddy_pool: refusals in a random workload come only from the upstream")
+{
+  spy<simulated_source> upstream{simulated_source(std::size_t{16} << 20)};
+  pool_over_spy pool{ref(upstream), {.region_size = 4 << 20}};
+  const auto result = testing::run_random_workload(pool, {.operations = 20'000, .max_live = 1'000, .max_bytes = 2 << 20}, true,
+                                                   testing::refused_by(upstream));
+  CHECK(result.refusals > 0);
+  CHECK(result.allocations > 8'000);
 }

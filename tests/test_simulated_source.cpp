@@ -4,6 +4,7 @@
 #include "support/conformance.hpp"
 
 using strata::simulated_source;
+using strata::is_aligned;
 
 TEST_CASE("simulated_source conforms")
 {
@@ -50,7 +51,8 @@ TEST_CASE("simulated_source reuses and merges freed ranges")
 TEST_CASE("simulated_source random workload returns every byte")
 {
   simulated_source r;
-  strata::testing::run_random_workload(r, {.operations = 100'000, .max_alignment = 1 << 20});
+  const auto result = strata::testing::run_random_workload(r, {.operations = 100'000, .max_alignment = 1 << 20});
+  CHECK(result.allocations > 45'000);  // about half the operations; none refused
   CHECK(r.allocated_bytes() == 0);
   CHECK(r.allocation_count() == 0);
 }
@@ -87,4 +89,61 @@ TEST_CASE("simulated_source can round like cudaMalloc")
   void* a = capped.allocate(4 * mib + 1);  // takes 6 MiB of the 8
   CHECK_THROWS_AS((void)capped.allocate(3 * mib), strata::out_of_memory);
   capped.deallocate(a, 4 * mib + 1);
+}
+
+TEST_CASE("simulated_source: owns means inside a live allocation, not inside the reserved range")
+{
+  simulated_source r;
+  char* a = static_cast<char*>(r.allocate(1000));  // takes 1024
+  char* b = static_cast<char*>(r.allocate(4096));
+  CHECK(r.owns(a));
+  CHECK(r.owns(a + 999));
+  CHECK(r.owns(a + 1023));  // rounding belongs to the allocation
+  CHECK(r.owns(b + 4095));
+  r.deallocate(a, 1000);
+  CHECK_FALSE(r.owns(a));  // freed: still in the range, no longer handed out
+  CHECK_FALSE(r.owns(a + 500));
+  CHECK(r.owns(b));
+  CHECK_FALSE(r.owns(b + 4096));  // the free range after the last allocation
+  CHECK_FALSE(r.owns(nullptr));
+  int on_the_stack = 0;
+  CHECK_FALSE(r.owns(&on_the_stack));
+  r.deallocate(b, 4096);
+  CHECK_FALSE(r.owns(b));
+}
+
+TEST_CASE("simulated_source: a moved-from source is empty and usable")
+{
+  simulated_source a(std::size_t{1} << 20);
+  void* p = a.allocate(1000);
+  simulated_source b(std::move(a));
+  CHECK(a.allocated_bytes() == 0);  // NOLINT(bugprone-use-after-move): the rule under test
+  CHECK_FALSE(a.owns(p));
+  // It reserves a fresh range, keeps its capacity, and honours alignments as before (no "0 bytes" error).
+  void* q = a.allocate(1000, 4096);
+  CHECK(is_aligned(q, 4096));
+  CHECK(a.owns(q));
+  CHECK_FALSE(b.owns(q));
+  CHECK_THROWS_AS((void)a.allocate(std::size_t{2} << 20), strata::out_of_memory);
+  a.deallocate(q, 1000);
+  simulated_source c;
+  c = std::move(b);
+  CHECK(c.owns(p));
+  void* r = b.allocate(256);  // NOLINT(bugprone-use-after-move)
+  CHECK(b.owns(r));
+  b.deallocate(r, 256);
+  c.deallocate(p, 1000);
+  CHECK(c.allocated_bytes() == 0);
+}
+
+TEST_CASE("simulated_source: capacity refusals are the only refusals of a random workload")
+{
+  const std::size_t capacity = std::size_t{16} << 20;
+  simulated_source r(capacity);
+  const auto result = strata::testing::run_random_workload(
+    r, {.operations = 20'000, .max_live = 200, .max_bytes = 4 << 20},
+    true, strata::testing::refusal_if([&](std::size_t bytes, std::size_t) { return r.allocated_bytes() + r.rounded_size(bytes) > capacity; }));
+  CHECK(result.refusals > 0);  // 200 blocks of up to 4 MiB do not fit in 16 MiB
+  CHECK(result.allocations > 5'000);
+  CHECK(r.allocated_bytes() == 0);
 }

@@ -1,7 +1,9 @@
 #pragma once
 // A spy upstream for tests: it records every live allocation, checks that each free matches one (pointer,
 // size, alignment), counts what is outstanding, and can be told to refuse requests to provoke
-// out-of-memory paths. Everything a policy takes from it must come back.
+// out-of-memory paths (every refusal, its own or its upstream's, is counted: a test can tell whether an
+// out_of_memory came from here). Everything a policy takes from it must come back. Its own bookkeeping keeps
+// the strong guarantee under host out-of-memory, so a fault injected there is the box's to handle.
 #include <cstddef>
 #include <map>
 #include <string>
@@ -24,14 +26,28 @@ public:
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    if (bytes > refuse_above_ || (refusals_left_ > 0 && refusals_left_-- > 0))
+    ++calls_;
+    const bool refuse_this_call = calls_ == refuse_call_;
+    if (bytes > refuse_above_ || refuse_this_call || (refusals_left_ > 0 && refusals_left_-- > 0)) {
+      ++refusals_;
       throw out_of_memory("spy", bytes, "refused on purpose");
-    void* p = upstream_.allocate(bytes, alignment);
-    if (p != nullptr) {
-      live_[p] = {bytes, alignment};
-      outstanding_ += bytes;
-      ++allocations_;
     }
+    void* p = nullptr;
+    try {
+      p = upstream_.allocate(bytes, alignment);
+    } catch (const out_of_memory&) {
+      ++refusals_;
+      throw;
+    }
+    if (p == nullptr) return p;
+    try {
+      live_.emplace(p, record{bytes, alignment});
+    } catch (...) {
+      upstream_.deallocate(p, bytes, alignment);
+      throw;
+    }
+    outstanding_ += bytes;
+    ++allocations_;
     return p;
   }
 
@@ -53,6 +69,13 @@ public:
   void refuse_above(std::size_t bytes) noexcept { refuse_above_ = bytes; }
   /// Refuse the next `n` requests whatever their size.
   void refuse_next(int n) noexcept { refusals_left_ = n; }
+  /// Refuse only the n-th allocate call from now (1: the next one; 0: none).
+  void refuse_call(std::size_t n) noexcept { refuse_call_ = n == 0 ? 0 : calls_ + n; }
+
+  /// Allocate calls so far, refused ones included.
+  std::size_t calls() const noexcept { return calls_; }
+  /// Requests refused with out_of_memory, on purpose or by the upstream.
+  std::size_t refusals() const noexcept { return refusals_; }
 
   std::size_t outstanding_bytes() const noexcept { return outstanding_; }
   std::size_t outstanding_blocks() const noexcept { return live_.size(); }
@@ -77,6 +100,9 @@ private:
   std::size_t mismatches_ = 0;
   std::size_t refuse_above_ = SIZE_MAX;
   int refusals_left_ = 0;
+  std::size_t calls_ = 0;
+  std::size_t refuse_call_ = 0;
+  std::size_t refusals_ = 0;
 };
 
 } // namespace strata::testing

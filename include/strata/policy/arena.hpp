@@ -23,6 +23,8 @@ namespace strata {
 /// own size). Freeing the block at the top rolls the bump pointer back, so strictly nested (LIFO) frees reuse
 /// memory at once; other frees are no-ops until reset(). reset() makes every chunk reusable without returning
 /// it; checkpoint()/rewind() do the same for a nested scope; release() returns the chunks to the upstream.
+/// Any size the upstream can give is served (a request above the cap gets its own chunk); a size whose
+/// chunk would overflow is out_of_memory. After any exception the arena is as it was.
 /// Models: resource, owning, releasable, resettable, usage, snapshot; the upstream's properties.
 /// Any power-of-two alignment up to the largest chunk. Cost: O(1) bump, no lock; an upstream call only when a
 /// new chunk is needed. Unsynchronized. Move-only.
@@ -80,14 +82,14 @@ public:
     check_alignment("arena", alignment, opts_.max_chunk);
     if (bytes == 0) return nullptr;
     std::size_t size = 0;
-    if (bytes > opts_.max_chunk * 4 || !checked_align_up(bytes, default_alignment, size))
-      throw out_of_memory("arena", bytes, figures(reserved(), in_use()));
+    if (!checked_align_up(bytes, default_alignment, size)) throw out_of_memory("arena", bytes, figures(reserved(), in_use()));
     const std::size_t align = effective_alignment(alignment);
     // Find the first chunk from the current one on that fits, without moving until the block is certain.
     std::size_t chunk = current_, offset = offset_;
     for (; chunk < chunks_.size(); ++chunk, offset = 0) {
+      const std::uintptr_t end = chunks_[chunk].base + chunks_[chunk].size;
       const std::uintptr_t start = align_address(chunks_[chunk].base + offset, align);
-      if (start + size <= chunks_[chunk].base + chunks_[chunk].size) return commit(chunk, start, size);
+      if (start <= end && size <= end - start) return commit(chunk, start, size);  // no sum that can wrap
     }
     add_chunk(size, align, bytes);  // may throw: nothing has moved yet
     return commit(chunk, align_address(chunks_[chunk].base, align), size);
@@ -190,6 +192,7 @@ private:
   void add_chunk(std::size_t size, std::size_t align, std::size_t bytes)
   {
     const std::size_t chunk_align = std::min(align, max_alignment_of<Upstream>);
+    if (size > SIZE_MAX - (align - chunk_align)) throw out_of_memory("arena", bytes, figures(reserved(), in_use()));
     const std::size_t needed = size + (align - chunk_align);
     std::size_t chunk_size = std::max(needed, next_chunk_);
     void* base = nullptr;
@@ -210,7 +213,7 @@ private:
       upstream_.deallocate(base, chunk_size, chunk_align);
       throw;
     }
-    next_chunk_ = std::min(opts_.max_chunk, next_chunk_ * opts_.growth_factor);
+    next_chunk_ = next_chunk_ > opts_.max_chunk / opts_.growth_factor ? opts_.max_chunk : next_chunk_ * opts_.growth_factor;
   }
 
   std::size_t reserved() const noexcept

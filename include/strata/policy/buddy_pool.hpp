@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -30,6 +31,9 @@ namespace strata {
 /// per order in host memory; each order also has a list of candidate free blocks, checked against the bitmap
 /// when popped. A request rounds up to a power of two: fast and simple, but up to half a block is wasted
 /// (coalescing_pool wastes at most 256 bytes).
+/// After any exception (the upstream's out of memory, or std::bad_alloc in the host bookkeeping) the pool is as
+/// it was: host memory is reserved before a block is split, and a region added for a request that then
+/// fails goes back. A request above 2^56 bytes can never be served: out_of_memory (good_size: SIZE_MAX).
 /// Models: resource, owning, releasable, sized, usage, snapshot; the upstream's properties.
 /// Cost: O(log(region / min_block)) allocate and free, no lock; an upstream call only to add or release a
 /// region. Unsynchronized. Move-only.
@@ -68,20 +72,29 @@ public:
   {
     check_alignment("buddy_pool", alignment, opts_.region_size);
     if (bytes == 0) return nullptr;
-    if (bytes > (std::size_t{1} << 56)) throw_oom(bytes);
     const std::size_t align = effective_alignment(alignment);
     const unsigned order = order_for(bytes, align);
+    if (order == unservable) throw_oom(bytes);
     std::uintptr_t block = take_block(order);
+    std::uintptr_t added = 0;  // a region added for this request goes back if the request fails
     if (block == 0) {
-      add_region(order, bytes);
-      block = take_block(order);
+      added = add_region(order, bytes);
+      block = take_block_or_return(order, added);
+    }
+    void* p = reinterpret_cast<void*>(block);
+    // Above the regions' alignment the block was sized to hold an aligned start inside.
+    if (align > region_alignment()) p = reinterpret_cast<void*>(align_address(block, align));
+    if (p != reinterpret_cast<void*>(block)) {
+      try {
+        interior_.insert(p, block);
+      } catch (...) {
+        free_block(block, order);
+        if (added != 0) return_region(regions_.find(added));
+        throw;
+      }
     }
     in_use_ += block_size(order);
     ++used_blocks_;
-    if (align <= region_alignment()) return reinterpret_cast<void*>(block);
-    // The region base is not aligned that much: the block was sized to hold an aligned start inside.
-    void* p = reinterpret_cast<void*>(align_address(block, align));
-    if (p != reinterpret_cast<void*>(block)) interior_.insert(p, block);
     return p;
   }
 
@@ -103,9 +116,12 @@ public:
   }
 
   /// The block a request takes: the next power of two (at least min_block and the alignment).
+  /// SIZE_MAX when no block can ever hold the request.
   std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
   {
-    return bytes == 0 ? 0 : block_size(order_for(bytes, effective_alignment(alignment)));
+    if (bytes == 0) return 0;
+    const unsigned order = order_for(bytes, effective_alignment(alignment));
+    return order == unservable ? SIZE_MAX : block_size(order);
   }
 
   bool owns(const void* p) const noexcept { return region_of(reinterpret_cast<std::uintptr_t>(p)) != nullptr; }
@@ -115,18 +131,12 @@ public:
   {
     std::size_t returned = 0;
     for (auto it = regions_.begin(); it != regions_.end();) {
-      region& r = it->second;
-      if (!r.is_free(r.top, 0)) {
+      if (!it->second.is_free(it->second.top, 0)) {
         ++it;
         continue;
       }
-      r.set_free(r.top, 0, false);  // its list entry goes stale and is skipped
-      --free_per_order_[r.top];
-      for (unsigned o = 0; o <= r.top; ++o) bitmap_words_[o] -= r.free_bits[o].size();
-      returned += r.size;
-      reserved_ -= r.size;
-      upstream_.deallocate(reinterpret_cast<void*>(it->first), r.size, r.alignment);
-      it = regions_.erase(it);
+      returned += it->second.size;
+      it = return_region(it);
     }
     return returned;
   }
@@ -159,6 +169,8 @@ public:
 
 private:
   static constexpr unsigned max_orders = 64;
+  static constexpr std::size_t largest_block = std::size_t{1} << 56;  // so no order arithmetic can overflow
+  static constexpr unsigned unservable = ~0u;
 
   /// One region: bitmaps per order (bit k: block k at that order is free / is split into two halves).
   struct region {
@@ -187,11 +199,14 @@ private:
   /// up to this, with no padding.
   static constexpr std::size_t region_alignment() noexcept { return max_alignment_of<Upstream>; }
 
-  /// The order of the block for a request; above the regions' alignment the block has room to align inside.
+  /// The order of the block for a request, or `unservable` above largest_block; above the regions' alignment
+  /// the block has room to align inside. Computed without overflow for any bytes and alignment.
   unsigned order_for(std::size_t bytes, std::size_t align) const noexcept
   {
+    if (bytes > largest_block || align > largest_block) return unservable;
     std::size_t need = std::max({bytes, opts_.min_block, align});
-    if (align > region_alignment()) need = std::max(bytes, opts_.min_block) + align - region_alignment();
+    if (align > region_alignment()) need = std::max(bytes, opts_.min_block) + (align - region_alignment());
+    if (need > largest_block) return unservable;
     return static_cast<unsigned>(std::bit_width(std::bit_ceil(need) - 1)) - min_shift_;
   }
 
@@ -214,33 +229,49 @@ private:
   {
     r.set_free(o, (block - base) >> (o + min_shift_), true);
     ++free_per_order_[o];
-    candidates_[o].push_back(block);
+    candidates_[o].push_back(block);  // last: if it throws, the bitmap and the count already say free
   }
 
   /// Pops a free block of exactly `order`, splitting a larger one if needed; 0 if there is none.
+  /// Strong guarantee: the candidate lists of the orders a split files halves in get their room first.
   std::uintptr_t take_block(unsigned order)
   {
     for (unsigned o = order; o < max_orders; ++o) {
       if (free_per_order_[o] == 0) continue;
-      auto& list = candidates_[o];
-      while (!list.empty()) {
-        const std::uintptr_t block = list.back();
-        list.pop_back();
-        const auto [base, r] = find_region(block);
-        if (r == nullptr || o > r->top) continue;
-        const std::size_t k = (block - base) >> (o + min_shift_);
-        if (((block - base) & (block_size(o) - 1)) != 0 || !r->is_free(o, k)) continue;  // stale candidate
-        r->set_free(o, k, false);
-        --free_per_order_[o];
-        // Split down: keep the lower half, file the upper half as free at each order on the way.
-        for (unsigned s = o; s > order; --s) {
-          r->set_split(s, (block - base) >> (s + min_shift_), true);
-          mark_free(*r, base, s - 1, block + block_size(s - 1));
-        }
-        return block;
+      for (unsigned s = order; s < o; ++s) candidates_[s].reserve(candidates_[s].size() + 1);
+      auto [block, base, r] = pop_free(o);
+      if (block == 0) {
+        // Free blocks the list lost (host out of memory in a free): find them again from the bitmaps.
+        rebuild_candidates(o);
+        std::tie(block, base, r) = pop_free(o);
       }
+      if (block == 0) continue;
+      // Split down: keep the lower half, file the upper half as free at each order on the way.
+      for (unsigned s = o; s > order; --s) {
+        r->set_split(s, (block - base) >> (s + min_shift_), true);
+        mark_free(*r, base, s - 1, block + block_size(s - 1));
+      }
+      return block;
     }
     return 0;
+  }
+
+  /// Pops the next candidate of order o that really is free and marks it used; {0, 0, nullptr} if none is.
+  std::tuple<std::uintptr_t, std::uintptr_t, region*> pop_free(unsigned o) noexcept
+  {
+    auto& list = candidates_[o];
+    while (!list.empty()) {
+      const std::uintptr_t block = list.back();
+      list.pop_back();
+      const auto [base, r] = find_region(block);
+      if (r == nullptr || o > r->top) continue;
+      const std::size_t k = (block - base) >> (o + min_shift_);
+      if (((block - base) & (block_size(o) - 1)) != 0 || !r->is_free(o, k)) continue;  // stale candidate
+      r->set_free(o, k, false);
+      --free_per_order_[o];
+      return {block, base, r};
+    }
+    return {0, 0, nullptr};
   }
 
   void free_block(std::uintptr_t block, unsigned o) noexcept
@@ -261,9 +292,8 @@ private:
     try {
       mark_free(*r, base, o, base + (k << (o + min_shift_)));
     } catch (...) {
-      // Out of host memory for the candidate list: the bitmap still says free; a rebuild finds it.
-      r->set_free(o, k, true);
-      ++free_per_order_[o];
+      // Out of host memory for the candidate list: the bitmap and the count already say free, and
+      // take_block finds the block again from the bitmaps.
     }
     compact_if_stale(o);
   }
@@ -274,6 +304,12 @@ private:
     auto& list = candidates_[o];
     // Rebuilding scans every bitmap word of the order: only when the stale entries outnumber those words.
     if (list.size() < 64 + 4 * free_per_order_[o] + bitmap_words_[o]) return;
+    rebuild_candidates(o);  // never grows the list: it holds more entries than there are free blocks
+  }
+
+  void rebuild_candidates(unsigned o)
+  {
+    auto& list = candidates_[o];
     list.clear();
     for (const auto& [base, r] : regions_) {
       if (o > r.top) continue;
@@ -284,7 +320,32 @@ private:
     }
   }
 
-  void add_region(unsigned order, std::size_t bytes)
+  /// take_block on a region just added for this request: if it throws, the region goes back first.
+  std::uintptr_t take_block_or_return(unsigned order, std::uintptr_t added)
+  {
+    try {
+      return take_block(order);
+    } catch (...) {
+      return_region(regions_.find(added));
+      throw;
+    }
+  }
+
+  /// Gives a wholly free region back to the upstream; its candidate entry goes stale and is skipped.
+  auto return_region(typename std::map<std::uintptr_t, region>::iterator it) noexcept
+  {
+    region& r = it->second;
+    r.set_free(r.top, 0, false);
+    --free_per_order_[r.top];
+    for (unsigned o = 0; o <= r.top; ++o) bitmap_words_[o] -= r.free_bits[o].size();
+    reserved_ -= r.size;
+    upstream_.deallocate(reinterpret_cast<void*>(it->first), r.size, r.alignment);
+    return regions_.erase(it);
+  }
+
+  /// Adds a region big enough for `order` (smaller than region_size when the upstream has less); returns its
+  /// base. Strong guarantee: the region goes back to the upstream if it cannot be recorded.
+  std::uintptr_t add_region(unsigned order, std::size_t bytes)
   {
     std::size_t size = std::max(opts_.region_size, block_size(order));
     void* p = nullptr;
@@ -312,15 +373,16 @@ private:
         r.free_bits[o].assign((blocks + 63) / 64, 0);
         r.split_bits[o].assign((blocks + 63) / 64, 0);
       }
+      candidates_[r.top].reserve(candidates_[r.top].size() + 1);  // so mark_free below cannot throw
       region& placed = regions_.emplace(base, std::move(r)).first->second;
       for (unsigned o = 0; o <= placed.top; ++o) bitmap_words_[o] += placed.free_bits[o].size();
       reserved_ += size;
       mark_free(placed, base, placed.top, base);
     } catch (...) {
-      if (regions_.erase(base) != 0) reserved_ -= size;
       upstream_.deallocate(p, size, alignment);
       throw;
     }
+    return base;
   }
 
   void describe(const region& r, unsigned o, std::size_t k, std::vector<block_info>& out) const
@@ -358,7 +420,6 @@ private:
     used_blocks_ = std::exchange(other.used_blocks_, 0);
     other.regions_.clear();
     for (auto& list : other.candidates_) list.clear();
-    other.interior_ = detail::pointer_map<std::uintptr_t>{};
   }
 
   [[no_unique_address]] Upstream upstream_;

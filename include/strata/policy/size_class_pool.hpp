@@ -25,13 +25,15 @@ namespace strata {
 
 /// Segregated fits for many small and medium requests. Requests are rounded up to a size class (256-byte
 /// steps to 2 KiB, then four classes per doubling up to LargestClass: at most 20% of a block wasted); each
-/// class pops blocks from its own free list, refilled by carving a slab (64 KiB to one chunk, about 16
-/// blocks) out of chunks taken from the upstream. Requests above LargestClass, and alignments above 256, go
+/// class pops blocks from its own free list, refilled by carving a slab (about 16 blocks, 64 KiB or one
+/// chunk if that is smaller, up to one chunk) out of chunks taken from the upstream. Requests above LargestClass, and alignments above 256, go
 /// straight to the upstream (recorded, so owns/usage/snapshot still see them).
 /// release() returns every chunk whose slabs are all free; slabs that are wholly free inside a chunk still in
 /// use are kept for any class to reuse.
-/// Models: resource, owning, releasable, sized (good_size = the class size), usage, snapshot, room-reporting; the upstream's
-/// properties. Cost: allocate and free are O(1) — a class computed by arithmetic and a push or pop on a
+/// After any exception (the upstream's out of memory, or std::bad_alloc in the host bookkeeping) the pool is as
+/// it was: a chunk taken from the upstream goes back if it cannot be recorded.
+/// Models: resource, owning, releasable, sized (good_size = the class size; SIZE_MAX for a request no block can
+/// ever hold), usage, snapshot, room-reporting; the upstream's properties. Cost: allocate and free are O(1) — a class computed by arithmetic and a push or pop on a
 /// vector — with no lock; a slab refill is O(blocks in the slab). Unsynchronized. Move-only.
 template <resource Upstream, std::size_t LargestClass = (std::size_t{1} << 20)>
 class size_class_pool : public forward_properties<size_class_pool<Upstream, LargestClass>, Upstream>,
@@ -56,6 +58,7 @@ public:
                                   " must be a power of two no smaller than the largest class");
   }
 
+  /// The moved-from pool is empty and usable (over its moved-from upstream).
   size_class_pool(size_class_pool&& other) noexcept : upstream_(std::move(other.upstream_)) { take(other); }
   size_class_pool& operator=(size_class_pool&& other) noexcept
   {
@@ -107,7 +110,7 @@ public:
   {
     if (bytes == 0) return 0;
     if (bytes <= LargestClass && alignment <= default_alignment) return class_sizes[detail::class_index(bytes)];
-    return align_up(bytes, default_alignment) + alignment_slack(alignment);
+    return direct_bytes(bytes, alignment);
   }
 
   /// Whether the request's class has a free block or a slab could be carved without a new chunk; requests
@@ -140,7 +143,12 @@ public:
     std::vector<std::uintptr_t> emptied;
     for (auto& [base, slab] : slabs_)
       if (slab.cls != no_class && slab.free_blocks == slab.blocks) emptied.push_back(base);
-    if (emptied.empty() && spare_slabs_.empty()) return;
+    const bool no_spares = std::ranges::all_of(spare_slabs_, [](const auto& spares) { return spares.empty(); });
+    if (emptied.empty() && no_spares) return;  // every chunk has a live slab: nothing can go back
+    // The one step below that allocates comes first, so an exception leaves the pool as it was.
+    std::array<std::size_t, 64> emptied_per_size{};
+    for (std::uintptr_t base : emptied) ++emptied_per_size[std::countr_zero(slabs_.at(base).bytes)];
+    for (std::size_t k = 0; k < spare_slabs_.size(); ++k) spare_slabs_[k].reserve(spare_slabs_[k].size() + emptied_per_size[k]);
     for (std::size_t c = 0; c < class_sizes.size(); ++c)
       std::erase_if(free_[c], [&](void* p) { return slab_of(p).cls == no_class || slab_of(p).free_blocks == slab_of(p).blocks; });
     for (std::uintptr_t base : emptied) {
@@ -245,10 +253,20 @@ private:
     std::size_t bytes = 0;
   };
 
-  /// About 16 blocks a slab, a power of two between 64 KiB and one chunk.
+  /// About 16 blocks a slab, a power of two between 64 KiB (or one chunk, if smaller) and one chunk.
   std::size_t slab_bytes(std::size_t c) const noexcept
   {
-    return std::clamp(std::bit_ceil(class_sizes[c] * 16), min_slab, opts_.chunk_size);
+    return std::clamp(std::bit_ceil(class_sizes[c] * 16), std::min(min_slab, opts_.chunk_size), opts_.chunk_size);
+  }
+
+  /// What a request served by the upstream takes: rounded to 256, plus room to align; SIZE_MAX if that overflows
+  /// (no upstream can serve it).
+  static std::size_t direct_bytes(std::size_t bytes, std::size_t alignment) noexcept
+  {
+    std::size_t rounded = 0;
+    const std::size_t slack = alignment_slack(alignment);
+    if (!checked_align_up(bytes, default_alignment, rounded) || rounded > SIZE_MAX - slack) return SIZE_MAX;
+    return rounded + slack;
   }
 
   /// Room to align inside a direct block when the upstream cannot align that much itself.
@@ -263,7 +281,9 @@ private:
 
   slab_info& slab_of(void* p) { return std::prev(slabs_.upper_bound(reinterpret_cast<std::uintptr_t>(p)))->second; }
 
-  /// Gives class c a new slab: a spare one, the bump chunk's tail, or a new chunk. Strong guarantee.
+  /// Gives class c a new slab: a spare one, the bump chunk's tail, or a new chunk. Strong guarantee: every
+  /// step that can throw (the free list's room, the slab's record, the upstream, the chunk's record) comes
+  /// before the pool changes, and a new chunk goes back if it cannot be recorded.
   void refill(std::size_t c, std::size_t bytes)
   {
     const std::size_t slab = slab_bytes(c);
@@ -271,23 +291,26 @@ private:
     const std::size_t blocks = slab / size;
     auto& list = free_[c];
     list.reserve(carved_[c] + blocks);  // room for every block of the class: frees never reallocate
-    std::uintptr_t base = 0;
     auto& spares = spare_slabs_[std::countr_zero(slab)];
+    std::uintptr_t base = 0;
     if (!spares.empty()) {
-      base = spares.back();
+      base = spares.back();  // its slabs_ entry is kept while spare: reusing it allocates nothing
       spares.pop_back();
-    } else {
-      if (bump_chunk_ == 0 || opts_.chunk_size - bump_offset_ < slab) new_chunk(bytes);
+      slabs_.at(base) = {c, slab, blocks, 0};
+    } else if (bump_chunk_ != 0 && opts_.chunk_size - bump_offset_ >= slab) {
       base = bump_chunk_ + bump_offset_;
+      slabs_.insert_or_assign(base, slab_info{c, slab, blocks, 0});
       bump_offset_ += slab;
+    } else {
+      base = new_chunk_with_slab(slab_info{c, slab, blocks, 0}, bytes);
     }
-    slabs_[base] = {c, slab, blocks, 0};
     carved_[c] += blocks;
-    ++chunks_[chunk_base(base)].live_slabs;
+    ++chunks_.at(chunk_base(base)).live_slabs;
     for (std::size_t i = blocks; i-- > 0;) list.push_back(reinterpret_cast<void*>(base + i * size));
   }
 
-  void new_chunk(std::size_t bytes)
+  /// Takes a chunk from the upstream, records it and its first slab, and makes it the bump chunk.
+  std::uintptr_t new_chunk_with_slab(const slab_info& first_slab, std::size_t bytes)
   {
     void* p = nullptr;
     try {
@@ -297,19 +320,25 @@ private:
       throw out_of_memory("size_class_pool", bytes, figures(u.reserved, u.in_use));
     }
     const auto base = reinterpret_cast<std::uintptr_t>(p);
-    chunks_.emplace(base, chunk_info{});
+    try {
+      chunks_.emplace(base, chunk_info{});
+      slabs_.emplace(base, first_slab);
+    } catch (...) {
+      chunks_.erase(base);
+      upstream_.deallocate(p, opts_.chunk_size, chunk_alignment());
+      throw;
+    }
     bump_chunk_ = base;
-    bump_offset_ = 0;
+    bump_offset_ = first_slab.bytes;
+    return base;
   }
 
   void* allocate_direct(std::size_t bytes, std::size_t alignment)
   {
     const std::size_t align = effective_alignment(alignment);
     const std::size_t upstream_align = std::min(align, max_alignment_of<Upstream>);
-    std::size_t raw_bytes = 0;
-    if (!checked_align_up(bytes, default_alignment, raw_bytes) || raw_bytes > SIZE_MAX - align)
-      throw out_of_memory("size_class_pool", bytes, "larger than any block can be");
-    raw_bytes += alignment_slack(alignment);
+    const std::size_t raw_bytes = direct_bytes(bytes, alignment);
+    if (raw_bytes == SIZE_MAX) throw out_of_memory("size_class_pool", bytes, "larger than any block can be");
     void* raw = nullptr;
     try {
       raw = upstream_.allocate(raw_bytes, upstream_align);
@@ -367,7 +396,6 @@ private:
     other.slabs_.clear();
     for (auto& list : other.free_) list.clear();
     for (auto& spares : other.spare_slabs_) spares.clear();
-    other.direct_ = detail::pointer_map<direct_block>{};
   }
 
   [[no_unique_address]] Upstream upstream_;
