@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include <strata/adaptor/checked.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
@@ -696,4 +697,39 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
     rig<true> hands_back_when_needed(24 << 20, {.frees_per_event = frees_per_event});
     run(hands_back_when_needed, frees_per_event);
   }
+}
+
+TEST_CASE("checked over stream_ordered: streams compared by id, a bounded free record, misuse never terminates (issue 14 items 2, 17)")
+{
+  simulated_streams world;
+  using so = stream_ordered<coalescing_pool<host_source>, simulated_events>;
+  checked<so> r{so{coalescing_pool<host_source>{}, {}, simulated_events(world)}, {.remembered_frees = 4}};
+  // Handle 0 and cudaStreamLegacy are one stream: no false report.
+  void* p = r.allocate_async(4096, 256, cuda::stream_ref{cudaStream_t{}});
+  r.deallocate_async(p, 4096, 256, cuda::stream_ref{cudaStreamLegacy});
+  // A destroyed stream's handle reused by a new stream is another stream: the free there is reported.
+  const cuda::stream_ref old_stream = world.create();
+  void* q = r.allocate_async(4096, 256, old_stream);
+  world.destroy(old_stream);
+  const cuda::stream_ref reused = world.create();
+  REQUIRE(reused.get() == old_stream.get());
+  CHECK_THROWS_WITH_AS(r.deallocate_async(q, 4096, 256, reused), doctest::Contains("never recorded as used there"), usage_error);
+  r.record_use(q, reused);
+  r.deallocate_async(q, 4096, 256, reused);
+  // Misuse through the CCCL 3.1 name throws like deallocate (it used to call std::terminate).
+  void* a = r.allocate_sync(1000, 256);
+  CHECK_THROWS_WITH_AS(r.deallocate_sync(a, 999, 256), doctest::Contains("freed with 999 bytes"), usage_error);
+  // Alignments that are no alignment at all are reported, even for a block allocated with <= 256.
+  CHECK_THROWS_WITH_AS(r.deallocate_sync(a, 1000, 0), doctest::Contains("alignment 0, not a power of two"), usage_error);
+  CHECK_THROWS_WITH_AS(r.deallocate(a, 1000, 3), doctest::Contains("alignment 3, not a power of two"), usage_error);
+  r.deallocate_sync(a, 1000, 256);
+  CHECK_THROWS_WITH_AS(r.deallocate_sync(a, 1000, 256), doctest::Contains("double free"), usage_error);
+  // The freed-address record is bounded: the oldest frees are forgotten first.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) blocks.push_back(r.allocate(512 * (i + 1), 256));
+  for (int i = 0; i < 10; ++i) r.deallocate(blocks[i], 512 * (i + 1), 256);
+  CHECK(r.remembered_frees() == 4);
+  CHECK_THROWS_WITH_AS(r.deallocate(blocks[9], 5120, 256), doctest::Contains("double free"), usage_error);
+  CHECK_THROWS_WITH_AS(r.deallocate(blocks[0], 512, 256), doctest::Contains("never handed out"), usage_error);
+  CHECK(r.outstanding() == 0);
 }
