@@ -208,6 +208,7 @@ public:
   /// the policy's free chunks when it can.
   void release()
   {
+    refuse_host_wait_under_capture();  // the policy's release frees chunks (cudaFree waits, illegal in capture)
     wait_for_pending_frees(/*policy_too=*/true);
     if constexpr (releasable_resource<Policy>) policy_.release();
   }
@@ -507,7 +508,6 @@ private:
   void refuse_host_wait_under_capture()
   {
     if (!opts_.check_capture) return;
-    if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
     for (const auto& [id, s] : streams_) {
       bool capturing = false;
       try {
@@ -517,6 +517,8 @@ private:
       }
       if (capturing) refuse_capture("a host wait was needed");
     }
+    // Last: the legacy stream answers "implicitly captured" while a blocking stream captures in global mode.
+    if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
   }
 
   void count_wait(std::uint64_t& kind) noexcept
