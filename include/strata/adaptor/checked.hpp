@@ -127,11 +127,10 @@ public:
   /// the allocating one), so that freeing it there is not reported.
   void record_use(const void* p, cuda::stream_ref stream)
   {
-    const std::uint64_t id = id_of(stream);
     std::lock_guard lock(mutex_);
     const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == live_.end()) throw usage_error(describe(p) + ": record_use of a pointer that is not a live allocation");
-    it->second.used_on.insert(id);
+    it->second.used_on.insert(id_of(stream));
   }
 
   bool owns(const void* p) const noexcept
