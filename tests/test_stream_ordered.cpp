@@ -455,13 +455,16 @@ TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue
 {
   simulated_streams world;
   spy<host_source> policy;
+  void* cached = nullptr;
+  void* unknown = nullptr;
+  void* synced = nullptr;
   {
     stream_ordered<ref<spy<host_source>>, simulated_events> layer{ref(policy), {}, simulated_events(world)};
     const cuda::stream_ref owner = world.create(), s = world.create();
     layer.deallocate_async(layer.allocate_async(256, 256, owner), 256, 256, owner);
-    void* cached = layer.allocate_async(1000, 256, s);
-    void* unknown = layer.allocate_async(2000, 256, s);
-    void* synced = layer.allocate(3000, 256);
+    cached = layer.allocate_async(1000, 256, s);
+    unknown = layer.allocate_async(2000, 256, s);
+    synced = layer.allocate(3000, 256);
     world.launch(s);
     layer.deallocate_async(cached, 1000, 256, s);
     world.fail_host_waits(true);  // a sticky error: the GPU may still be using all of them
@@ -477,6 +480,9 @@ TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue
   }  // destruction: the wait fails again, so the cached and set-aside blocks are abandoned
   CHECK(policy.outstanding_blocks() == 3);
   world.fail_host_waits(false);
+  // The test knows they are idle now; the layer asked the policy for whole 256-byte units.
+  for (auto [p, n] : {std::pair{cached, 1024}, {unknown, 2048}, {synced, 3072}}) policy.deallocate(p, n, 256);
+  CHECK(policy.mismatches() == 0);
 }
 
 TEST_CASE("stream_ordered: graph capture is refused clearly and leaves the layer usable (issue 14 item 5)")
