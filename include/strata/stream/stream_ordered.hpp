@@ -32,10 +32,9 @@ namespace strata {
 /// where they merge with their neighbours at once, and its allocations take from the policy with no wait
 /// (stream order already puts its new work after its old). With one stream the policy sees exactly the calls
 /// it would see without this layer, and holds exactly the memory. The owner is the first stream to free;
-/// ownership passes to
-/// another stream only when the owner's frees are known complete and that stream has been freeing more. A block
-/// freed on any other stream s goes to s's own free lists (binned by the size the policy would give it and the
-/// alignment): the next request of that shape on s takes it back at once. Once an event recorded on s after
+/// ownership passes to another stream only when the owner's frees are known complete and that stream has been
+/// freeing more. A block freed on any other stream s goes to s's own free lists (binned by the size the policy
+/// would give it and the alignment): the next request of that shape on s takes it back at once. Once an event recorded on s after
 /// such blocks has completed (recorded in batches: once `frees_per_event` blocks or `bytes_per_event` bytes
 /// lack one, or when s misses), they go back to the policy, checked at every miss.
 /// Before another stream t (not the owner) takes anything from the policy while the owner has frees not yet
@@ -56,13 +55,18 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
+/// waits); another stream needing the frees of an owner stream that was destroyed (device waits). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
 /// are abandoned, counted in stats().abandoned_blocks).
+///
+/// The owner's events are recorded on its handle as last seen, after checking that the handle still names the
+/// owner (by id): a destroyed owner is waited for device-wide instead. Events are created on the current device,
+/// so a stream of another device must be used with its device current (as CUDA requires for cudaEventRecord).
 ///
 /// CUDA graphs. Capture is not supported yet: an allocation that misses on a stream being captured throws
 /// strata::usage_error (nothing changed, the layer stays usable, no event recorded); a free on a capturing
 /// stream is abandoned (the graph may use the block whenever it is launched; counted in abandoned_blocks); no
-/// host wait is made while a stream this layer knows is capturing (the call throws usage_error instead).
+/// host wait is made while a stream this layer knows is capturing, and a synchronous allocate or release() is
+/// refused then (usage_error), as cudaMalloc and cudaFree are under global capture.
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
 /// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
