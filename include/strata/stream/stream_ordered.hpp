@@ -108,7 +108,7 @@ public:
     std::uint64_t event_syncs = 0;  ///< cudaEventSynchronize
     std::uint64_t stream_syncs = 0; ///< cudaStreamSynchronize
     std::uint64_t device_syncs = 0; ///< cudaDeviceSynchronize (one per device waited for)
-    std::uint64_t abandoned_blocks = 0;  ///< never returned: no wait could make them safe (see the class comment)
+    std::uint64_t abandoned_blocks = 0;  ///< never returned: no wait could make them safe (still counted in_use)
     std::uint64_t abandoned_bytes = 0;
   };
 
