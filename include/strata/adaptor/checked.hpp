@@ -1,6 +1,8 @@
 #pragma once
 #include <cstddef>
+#include <bit>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <iostream>
 #include <iterator>
@@ -9,7 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 
 #include <strata/core/alignment.hpp>
@@ -19,6 +21,7 @@
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
+#include <strata/stream/identified_stream.hpp>
 
 namespace strata {
 
@@ -29,15 +32,28 @@ namespace strata {
 /// on (record_use), and allocations still outstanding at destruction (reported to a handler; check_no_leaks()
 /// throws instead).
 ///
+/// Streams are compared by id, never by handle: handle 0 and cudaStreamLegacy are one stream, and a new stream
+/// that got a destroyed stream's handle is another. The id is the upstream's (`stream_id(stream)`, as
+/// stream_ordered files frees under) when it has one, else `options::stream_id`, else strata::identify (a
+/// driver call). A double free is recognised for the last `remembered_frees` freed addresses (older ones are
+/// forgotten, oldest first, so the record stays bounded in long runs; a forgotten one is still reported, as a
+/// pointer the box never handed out). Every call through any name (deallocate_sync included) reports misuse
+/// by throwing; none terminates.
+///
 /// Its frees throw, so it is not a strata::resource (whose frees are noexcept): it is the top of a stack,
 /// the box the application calls while being debugged. It still satisfies cuda::mr::resource.
 /// Models: cuda::mr::resource (and async_resource when the upstream is stream-ordered); owns; the upstream's
-/// properties. Cost: a mutex and an ordered-map lookup per call. Thread-safe itself. Move-only.
+/// properties. Cost: a mutex and an ordered-map lookup per call, and a stream id lookup per stream-ordered
+/// call. Thread-safe itself. Move-only.
 template <resource Upstream>
 class checked : public forward_properties<checked<Upstream>, Upstream>, public sync_names<checked<Upstream>> {
 public:
   struct options {
     bool cross_stream_frees_are_errors = true;
+    /// How many freed addresses are remembered to tell a double free from a foreign pointer.
+    std::size_t remembered_frees = std::size_t{1} << 16;
+    /// Tells streams apart where the upstream cannot (default: strata::identify).
+    std::function<std::uint64_t(cuda::stream_ref)> stream_id;
     /// Called at destruction with a report when allocations are outstanding (default: written to stderr).
     std::function<void(const std::string&)> on_leaks = [](const std::string& report) { std::cerr << report; };
   };
@@ -47,10 +63,11 @@ public:
   {}
   checked(checked&& other) noexcept
       : upstream_(std::move(other.upstream_)), opts_(std::move(other.opts_)), live_(std::move(other.live_)),
-        freed_(std::move(other.freed_))
+        freed_(std::move(other.freed_)), freed_order_(std::move(other.freed_order_)), frees_(other.frees_)
   {
     other.live_.clear();
     other.freed_.clear();
+    other.freed_order_.clear();
   }
   checked& operator=(checked&&) = delete;
   ~checked()
@@ -76,19 +93,24 @@ public:
     verify_and_forget(p, bytes, alignment, no_stream);
     upstream_.deallocate(p, bytes, alignment);
   }
+  /// The CCCL 3.1 name: throws like deallocate (sync_names' version is noexcept, which would terminate).
+  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment)
+  {
+    deallocate(p, bytes, alignment);
+  }
 
   void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
     requires stream_resource<Upstream>
   {
     void* p = upstream_.allocate_async(bytes, alignment, stream);
-    remember(p, bytes, alignment, handle(stream), [&] { upstream_.deallocate_async(p, bytes, alignment, stream); });
+    remember(p, bytes, alignment, id_of(stream), [&] { upstream_.deallocate_async(p, bytes, alignment, stream); });
     return p;
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
     requires stream_resource<Upstream>
   {
     if (p == nullptr) return;
-    verify_and_forget(p, bytes, alignment, handle(stream));
+    verify_and_forget(p, bytes, alignment, id_of(stream));
     upstream_.deallocate_async(p, bytes, alignment, stream);
   }
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment = default_alignment)
@@ -109,7 +131,7 @@ public:
     std::lock_guard lock(mutex_);
     const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == live_.end()) throw usage_error(describe(p) + ": record_use of a pointer that is not a live allocation");
-    it->second.used_on.insert(handle(stream));
+    it->second.used_on.insert(id_of(stream));
   }
 
   bool owns(const void* p) const noexcept
@@ -121,6 +143,12 @@ public:
   {
     std::lock_guard lock(mutex_);
     return live_.size();
+  }
+  /// Freed addresses remembered for double-free reports (at most options::remembered_frees).
+  std::size_t remembered_frees() const
+  {
+    std::lock_guard lock(mutex_);
+    return freed_.size();
   }
   /// Throws usage_error listing every allocation still outstanding.
   void check_no_leaks() const
@@ -134,31 +162,39 @@ public:
   friend bool operator==(const checked& a, const checked& b) noexcept { return &a == &b; }
 
 private:
-  static constexpr std::uintptr_t no_stream = ~std::uintptr_t{0};
+  static constexpr std::uint64_t no_stream = ~std::uint64_t{0};
 
   struct record {
     std::size_t bytes, alignment;
-    std::uintptr_t stream;
-    std::set<std::uintptr_t> used_on;
+    std::uint64_t stream;  ///< the stream's id
+    std::set<std::uint64_t> used_on;
   };
 
-  static std::uintptr_t handle(cuda::stream_ref stream) noexcept { return reinterpret_cast<std::uintptr_t>(stream.get()); }
+  std::uint64_t id_of(cuda::stream_ref stream) const
+  {
+    if constexpr (requires(const Upstream& u) {
+                    { u.stream_id(stream) } -> std::convertible_to<std::uint64_t>;
+                  }) {
+      return upstream_.stream_id(stream);
+    } else {
+      if (opts_.stream_id) return opts_.stream_id(stream);
+      return identify(stream).id();
+    }
+  }
   static std::string describe(const void* p)
   {
     std::ostringstream out;
     out << "strata::checked: " << p;
     return out.str();
   }
-  static std::string stream_name(std::uintptr_t s)
+  static std::string stream_name(std::uint64_t s)
   {
     if (s == no_stream) return "no stream (synchronous)";
-    std::ostringstream out;
-    out << "stream 0x" << std::hex << s;
-    return out.str();
+    return "the stream with id " + std::to_string(s);
   }
 
   template <class Undo>
-  void remember(void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream, Undo undo)
+  void remember(void* p, std::size_t bytes, std::size_t alignment, std::uint64_t stream, Undo undo)
   {
     if (p == nullptr) return;
     try {
@@ -172,8 +208,10 @@ private:
     }
   }
 
-  void verify_and_forget(const void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream)
+  void verify_and_forget(const void* p, std::size_t bytes, std::size_t alignment, std::uint64_t stream)
   {
+    if (!std::has_single_bit(alignment))
+      throw usage_error(describe(p) + ": freed with alignment " + std::to_string(alignment) + ", not a power of two");
     std::lock_guard lock(mutex_);
     const auto address = reinterpret_cast<std::uintptr_t>(p);
     const auto it = live_.find(address);
@@ -190,8 +228,28 @@ private:
       throw usage_error(describe(p) + ": freed on " + stream_name(stream) + " but allocated on " + stream_name(r.stream) +
                         " and never recorded as used there: work on the allocating stream may still use it; order "
                         "the streams and call record_use(p, stream) first");
-    freed_.insert(address);
+    remember_free(address);  // may throw bad_alloc: before anything changed
     live_.erase(it);
+  }
+
+  /// Bounded: past `remembered_frees`, the oldest free is forgotten (unless its address was freed again since).
+  void remember_free(std::uintptr_t address)
+  {
+    if (opts_.remembered_frees == 0) return;
+    const std::uint64_t generation = ++frees_;
+    freed_order_.emplace_back(address, generation);
+    try {
+      freed_[address] = generation;
+    } catch (...) {
+      freed_order_.pop_back();
+      throw;
+    }
+    while (freed_order_.size() > opts_.remembered_frees) {
+      const auto [old, old_generation] = freed_order_.front();
+      freed_order_.pop_front();
+      const auto it = freed_.find(old);
+      if (it != freed_.end() && it->second == old_generation) freed_.erase(it);
+    }
   }
 
   std::string why_not_live(std::uintptr_t address) const
@@ -225,7 +283,9 @@ private:
   options opts_;
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, record> live_;
-  std::unordered_set<std::uintptr_t> freed_;
+  std::unordered_map<std::uintptr_t, std::uint64_t> freed_;  ///< address -> the free's generation
+  std::deque<std::pair<std::uintptr_t, std::uint64_t>> freed_order_;
+  std::uint64_t frees_ = 0;
 };
 
 namespace detail::checked_claims {

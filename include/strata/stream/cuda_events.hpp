@@ -14,8 +14,11 @@ namespace strata {
 /// `id_of` must give a stream an id no other stream ever had (handles are reused after cudaStreamDestroy; ids
 /// are not). `done` never blocks; `wait_host` blocks the calling thread; `order_after(s, e)` makes later work
 /// on s wait for e without blocking the host.
+/// `device_of(s)` names the device whose work s runs (wait_device(d) waits for all of that device's work);
+/// `capturing(s)` says whether s is being captured into a CUDA graph, where no event may be recorded on it
+/// and no host wait may be made.
 template <class B>
-concept event_backend = std::movable<B> && requires(B& b, const typename B::event e, cuda::stream_ref s) {
+concept event_backend = std::movable<B> && requires(B& b, const typename B::event e, cuda::stream_ref s, int device) {
   typename B::event;
   { b.id_of(s) } -> std::same_as<std::uint64_t>;
   { b.make_event() } -> std::same_as<typename B::event>;
@@ -25,12 +28,17 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
   b.wait_host(e);
   b.order_after(s, e);
   b.wait_stream(s);
-  b.wait_device();
+  b.wait_device(device);
+  { b.device_of(s) } -> std::same_as<int>;
+  { b.capturing(s) } -> std::same_as<bool>;
 };
 
+inline namespace STRATA_DEFAULT_STREAM_MODE {
+
 /// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId, which also resolves the legacy and
-/// per-thread default streams; handle 0 through cudaStreamGetId, which resolves it under either compilation
-/// mode), events created with timing disabled (cheaper to record).
+/// per-thread default streams; handle 0 as this translation unit's compilation mode means it), events created
+/// with timing disabled (cheaper to record). Its calls take handle 0 as the mode says, so the type lives in the
+/// mode's inline namespace (see identified_stream.hpp).
 /// Every call is a CUDA runtime call; every failure is a strata::cuda_error. Stateless and thread-safe.
 struct cuda_events {
   using event = cudaEvent_t;
@@ -66,9 +74,37 @@ struct cuda_events {
   {
     detail::cuda_check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
   }
-  void wait_device() const { detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+  /// cudaDeviceSynchronize of `device`, the calling thread's current device restored afterwards.
+  void wait_device(int device) const
+  {
+    int current = 0;
+    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) detail::cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    const cudaError_t status = cudaDeviceSynchronize();
+    if (current != device) detail::cuda_check_noexcept(cudaSetDevice(current));
+    detail::cuda_check(status, "cudaDeviceSynchronize");
+  }
+  int device_of(cuda::stream_ref stream) const
+  {
+    int device = 0;
+    detail::cuda_check(cudaStreamGetDevice(stream.get(), &device), "cudaStreamGetDevice");
+    return device;
+  }
+  bool capturing(cuda::stream_ref stream) const
+  {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t asked = cudaStreamIsCapturing(stream.get(), &status);
+    if (asked == cudaErrorStreamCaptureImplicit) {  // a default stream while another captures in global mode
+      detail::clear_last_error();
+      return true;
+    }
+    detail::cuda_check(asked, "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
 };
 
 static_assert(event_backend<cuda_events>);
+
+} // namespace STRATA_DEFAULT_STREAM_MODE
 
 } // namespace strata

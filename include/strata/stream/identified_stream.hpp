@@ -2,26 +2,50 @@
 // Telling streams apart costs a driver call (cuStreamGetId, about 25 ns on an H200 host; the runtime's
 // cudaStreamGetId about 60-85 ns), as much as a whole cached allocate+free in stream_ordered. A stream created
 // once and used for many allocations can carry its id.
+//
+// Handle 0 means the legacy default stream in code compiled normally and the calling thread's per-thread
+// default stream under `nvcc --default-stream per-thread` (CUDA_API_PER_THREAD_DEFAULT_STREAM), and the CUDA
+// runtime's stream calls are macros that change name with it. Everything here that reads handle 0 or calls
+// those functions therefore lives in an inline namespace named after the mode: a program mixing both modes
+// gets two distinct functions (and two distinct cuda_events types), never one inline function compiled two
+// ways (an ODR violation whose outcome is whichever copy the linker keeps).
 #include <cstdint>
+#include <thread>
 
 #include <strata/core/config.hpp>
 #include <strata/detail/cuda_check.hpp>
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#define STRATA_DEFAULT_STREAM_MODE per_thread_default_stream
+#else
+#define STRATA_DEFAULT_STREAM_MODE legacy_default_stream
+#endif
 
 namespace strata {
 
 /// A stream with the id that tells it apart from every other stream, looked up once. Valid while the stream
 /// lives (the same contract as its handle). stream_ordered's overloads taking it make no CUDA call on a hit.
+/// A per-thread default stream is a different stream on every thread: its identified_stream remembers the
+/// thread it was identified on (`bound_thread()`), and stream_ordered looks the id up again when it is used
+/// on another thread, so a free is always filed under the stream that really orders it.
 class identified_stream {
 public:
-  identified_stream(cuda::stream_ref stream, std::uint64_t id) noexcept : stream_(stream), id_(id) {}
+  identified_stream(cuda::stream_ref stream, std::uint64_t id) noexcept
+      : stream_(stream), id_(id), thread_(stream.get() == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{})
+  {}
 
   cuda::stream_ref stream() const noexcept { return stream_; }
   std::uint64_t id() const noexcept { return id_; }
   operator cuda::stream_ref() const noexcept { return stream_; }
+  /// The thread whose per-thread default stream this is; a default-constructed id for every other stream.
+  std::thread::id bound_thread() const noexcept { return thread_; }
+  /// True when the id holds on the calling thread.
+  bool valid_here() const noexcept { return thread_ == std::thread::id{} || thread_ == std::this_thread::get_id(); }
 
 private:
   cuda::stream_ref stream_;
   std::uint64_t id_;
+  std::thread::id thread_;
 };
 
 namespace detail {
@@ -46,17 +70,32 @@ inline stream_id_fn driver_stream_id() noexcept
 
 } // namespace detail
 
-/// The id of a real CUDA stream. Handle 0 goes to cudaStreamGetId, which resolves it as this translation unit
-/// was compiled (legacy or per-thread default stream); other handles, including cudaStreamLegacy and
-/// cudaStreamPerThread, to the driver directly, falling back to the runtime if the driver refuses.
+inline namespace STRATA_DEFAULT_STREAM_MODE {
+
+/// Handle 0 as this translation unit's compilation mode means it: cudaStreamPerThread under
+/// `--default-stream per-thread`, cudaStreamLegacy otherwise. Other handles are returned as they are.
+inline cuda::stream_ref explicit_stream(cuda::stream_ref stream) noexcept
+{
+  if (stream.get() != nullptr) return stream;
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  return cuda::stream_ref{cudaStreamPerThread};
+#else
+  return cuda::stream_ref{cudaStreamLegacy};
+#endif
+}
+
+/// The id of a real CUDA stream, asked of the driver directly (falling back to the runtime if the driver
+/// refuses). Handle 0 is first made explicit (explicit_stream), and the identified_stream carries the
+/// explicit handle, so it means the same stream wherever it is passed.
 inline identified_stream identify(cuda::stream_ref stream)
 {
+  const cuda::stream_ref named = explicit_stream(stream);
   unsigned long long id = 0;
-  if (stream.get() != nullptr) {
-    if (const auto driver = detail::driver_stream_id(); driver != nullptr && driver(stream.get(), &id) == 0) return {stream, id};
-  }
-  detail::cuda_check(cudaStreamGetId(stream.get(), &id), "cudaStreamGetId");
-  return {stream, id};
+  if (const auto driver = detail::driver_stream_id(); driver != nullptr && driver(named.get(), &id) == 0) return {named, id};
+  detail::cuda_check(cudaStreamGetId(named.get(), &id), "cudaStreamGetId");
+  return {named, id};
 }
+
+} // namespace STRATA_DEFAULT_STREAM_MODE
 
 } // namespace strata

@@ -7,6 +7,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <strata/core/config.hpp>
@@ -17,7 +18,9 @@ namespace strata {
 
 /// The world the simulated streams live in. Stream handles are small fake addresses, recycled after
 /// destroy() exactly as the driver recycles real ones; ids are never recycled. The legacy default stream
-/// (handle cudaStreamLegacy or 0) and the per-thread default stream always exist. Not thread-safe.
+/// (handle cudaStreamLegacy or 0) always exists; cudaStreamPerThread names the calling host thread's own
+/// per-thread default stream. Streams may belong to several devices (create(device)); capture and failing host
+/// waits are modelled. Not thread-safe: threads take turns.
 class simulated_streams {
 public:
   struct event_state {
@@ -31,13 +34,21 @@ public:
     std::uint64_t records = 0, queries = 0, host_waits = 0, stream_waits = 0, device_waits = 0, orderings = 0;
   };
 
+  /// A CUDA error the simulated GPU raises where the real one would (an event recorded or a host wait under
+  /// capture): the layer must never cause one, so tests fail loudly if it does.
+  struct illegal_call : std::logic_error {
+    using std::logic_error::logic_error;
+  };
+
   simulated_streams()
   {
     streams_[legacy_id] = {};
     streams_[per_thread_id] = {};
+    per_thread_ids_[std::this_thread::get_id()] = per_thread_id;
   }
 
-  cuda::stream_ref create()
+  /// A new stream on `device` (the default streams live on device 0).
+  cuda::stream_ref create(int device = 0)
   {
     std::uintptr_t handle = 0;
     if (!free_handles_.empty()) {
@@ -49,6 +60,7 @@ public:
     const std::uint64_t id = next_id_++;
     handles_[handle] = id;
     streams_[id] = {};
+    streams_[id].device = device;
     return cuda::stream_ref{reinterpret_cast<cudaStream_t>(handle)};
   }
 
@@ -66,7 +78,7 @@ public:
   {
     const auto handle = reinterpret_cast<std::uintptr_t>(stream.get());
     if (handle == 0 || stream.get() == cudaStreamLegacy) return legacy_id;
-    if (stream.get() == cudaStreamPerThread) return per_thread_id;  // one host thread: one per-thread stream
+    if (stream.get() == cudaStreamPerThread) return per_thread_stream_of(std::this_thread::get_id());
     const auto it = handles_.find(handle);
     if (it == handles_.end())
       throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
@@ -90,6 +102,21 @@ public:
   {
     for (auto& [id, s] : streams_) s.completed = s.enqueued;
   }
+  /// Completes the work of every stream of one device (what cudaDeviceSynchronize waits for).
+  void finish_device(int device)
+  {
+    for (auto& [id, s] : streams_)
+      if (s.device == device) s.completed = s.enqueued;
+  }
+
+  /// Stream capture (cudaStreamBeginCapture in global mode / cudaStreamEndCapture): while a stream captures,
+  /// recording an event on it, and any host wait on a stream or a device, is illegal_call.
+  void begin_capture(cuda::stream_ref stream) { streams_.at(id_of(stream)).capturing = true; }
+  void end_capture(cuda::stream_ref stream) { streams_.at(id_of(stream)).capturing = false; }
+  bool capturing(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capturing; }
+  int device_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).device; }
+  /// Device-wide waits per device, in the order asked.
+  const std::vector<int>& device_waits() const noexcept { return device_waits_; }
 
   std::uint64_t enqueued(std::uint64_t id) const { return streams_.at(id).enqueued; }
   std::uint64_t completed(std::uint64_t id) const { return streams_.at(id).completed; }
@@ -121,6 +148,7 @@ public:
   {
     ++calls_.records;
     const std::uint64_t id = id_of(stream);
+    if (streams_.at(id).capturing) throw illegal_call("simulated_streams: event recorded on a capturing stream");
     events_.at(e) = {id, streams_.at(id).enqueued, true};
   }
   bool done(std::size_t e)
@@ -129,8 +157,13 @@ public:
     const event_state& ev = events_.at(e);
     return !ev.recorded || streams_.at(ev.stream).completed >= ev.ticket;
   }
+  /// From now on every host wait fails, as after a sticky CUDA error (a kernel fault): the GPU's state is
+  /// unknown, so nothing it may still be using may be handed out.
+  void fail_host_waits(bool fail) noexcept { fail_waits_ = fail; }
+
   void wait_host(std::size_t e)
   {
+    refuse_under_capture("cudaEventSynchronize");
     ++calls_.host_waits;
     const event_state& ev = events_.at(e);
     if (ev.recorded) complete_to(ev.stream, ev.ticket);
@@ -145,20 +178,32 @@ public:
   }
   void wait_stream(cuda::stream_ref stream)
   {
+    refuse_under_capture("cudaStreamSynchronize");
     ++calls_.stream_waits;
     finish(stream);
   }
-  void wait_device()
+  void wait_device(int device)
   {
+    refuse_under_capture("cudaDeviceSynchronize");
     ++calls_.device_waits;
-    finish_all();
+    device_waits_.push_back(device);
+    finish_device(device);
   }
 
 private:
   struct stream_state {
     std::uint64_t enqueued = 0, completed = 0;
     std::map<std::uint64_t, std::uint64_t> waits_for;
+    int device = 0;
+    bool capturing = false;
   };
+
+  void refuse_under_capture(const char* call) const
+  {
+    if (fail_waits_) throw std::runtime_error(std::string("simulated_streams: ") + call + " failed (sticky error)");
+    for (const auto& [id, s] : streams_)
+      if (s.capturing) throw illegal_call(std::string("simulated_streams: ") + call + " while a stream captures");
+  }
   static constexpr std::uint64_t legacy_id = 0, per_thread_id = 1;
 
   void complete_to(std::uint64_t id, std::uint64_t ticket)
@@ -167,13 +212,27 @@ private:
     s.completed = std::max(s.completed, std::min(ticket, s.enqueued));
   }
 
-  std::map<std::uint64_t, stream_state> streams_;
+  /// Each host thread's per-thread default stream is a stream of its own, made on first use.
+  std::uint64_t per_thread_stream_of(std::thread::id thread) const
+  {
+    const auto [it, fresh] = per_thread_ids_.emplace(thread, 0);
+    if (fresh) {
+      it->second = next_id_++;
+      streams_[it->second] = {};
+    }
+    return it->second;
+  }
+
+  mutable std::map<std::uint64_t, stream_state> streams_;
+  mutable std::map<std::thread::id, std::uint64_t> per_thread_ids_;
+  bool fail_waits_ = false;
   std::map<std::uintptr_t, std::uint64_t> handles_;
   std::vector<std::uintptr_t> free_handles_;
   std::uintptr_t next_handle_ = 0x10000;
-  std::uint64_t next_id_ = 2;
+  mutable std::uint64_t next_id_ = 2;
   std::vector<event_state> events_;
   std::vector<std::size_t> free_events_;
+  std::vector<int> device_waits_;
   call_counts calls_;
 };
 
@@ -192,7 +251,9 @@ public:
   void wait_host(event e) { world_->wait_host(e); }
   void order_after(cuda::stream_ref stream, event e) { world_->order_after(stream, e); }
   void wait_stream(cuda::stream_ref stream) { world_->wait_stream(stream); }
-  void wait_device() { world_->wait_device(); }
+  void wait_device(int device) { world_->wait_device(device); }
+  int device_of(cuda::stream_ref stream) const { return world_->device_of(stream); }
+  bool capturing(cuda::stream_ref stream) const { return world_->capturing(stream); }
 
 private:
   simulated_streams* world_;

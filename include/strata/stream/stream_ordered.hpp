@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -25,30 +27,60 @@
 
 namespace strata {
 
-/// Makes any policy stream-ordered. A block freed on stream s goes to s's free lists (binned by the size the
-/// policy would give it and the alignment): the next request of that shape on s takes it back at once, since
-/// stream order already puts the new work after the old. Another stream t may have it only once the work s
-/// enqueued before the free has finished: s records an event after such blocks (batched: once
-/// `frees_per_event` blocks or `bytes_per_event` bytes lack one, or when s itself misses), and once an event
-/// has completed its blocks may go back to the policy, where they merge and serve anyone. They go back when
-/// the policy would otherwise have to grow (asked through `has_room_for` where the policy has it; always
-/// otherwise), so a stream cycling through a few shapes keeps its blocks. Nothing waits on the host in the
-/// normal course. When the policy runs out, a block of the same shape freed on another stream is
-/// handed over with t made to wait on that stream's event (cudaStreamWaitEvent); failing that, the host waits
+/// Makes any policy stream-ordered, at no cost in memory where one stream does the freeing.
+///
+/// Where freed blocks go. One stream at a time *owns* the policy: its frees go straight back to the policy,
+/// where they merge with their neighbours at once, and its allocations take from the policy with no wait
+/// (stream order already puts its new work after its old). With one stream the policy sees exactly the calls
+/// it would see without this layer, and holds exactly the memory. The owner is the first stream to free;
+/// ownership passes to another stream only when the owner's frees are known complete and that stream has been
+/// freeing more. A block freed on any other stream s goes to s's own free lists (binned by the size the policy
+/// would give it and the alignment): the next request of that shape on s takes it back at once. Once an event recorded on s after
+/// such blocks has completed (recorded in batches: once `frees_per_event` blocks or `bytes_per_event` bytes
+/// lack one, or when s misses), they go back to the policy, checked at every miss.
+/// Before another stream t (not the owner) takes anything from the policy while the owner has frees not yet
+/// known complete, t is made to wait for them on the GPU: one event recorded on the owner and one
+/// cudaStreamWaitEvent, once per batch of the owner's frees (no host wait). When the policy runs out, a
+/// block of the same shape cached by another stream is handed over the same way; failing that, the host waits
 /// for every pending free, returns them all, and the policy is asked once more before out_of_memory.
+///
+/// Synchronous calls. `deallocate` (no stream) is safe for any prior work on any stream, as cudaFree is: the
+/// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of every
+/// device whose streams used this layer, and the current one), made once `sync_frees_per_wait` blocks or
+/// `bytes_per_event` bytes are set aside, or when the policy would otherwise grow. `allocate` (no stream) runs
+/// on the legacy default stream and returns a block ready for the host and every stream: it host-waits for the
+/// block's last use when that may still be running.
+///
+/// When the host waits, and nowhere else (each counted in stats(): event_syncs, stream_syncs, device_syncs,
+/// and their sum host_waits): a synchronous allocate whose block may still be in use (an event or stream
+/// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
+/// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
+/// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
+/// waits); another stream needing the frees of an owner stream that was destroyed (device waits). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
+/// are abandoned, counted in stats().abandoned_blocks).
+///
+/// The owner's events are recorded on its handle as last seen, after checking that the handle still names the
+/// owner (by id): a destroyed owner is waited for device-wide instead. Events are created on the current device,
+/// so a stream of another device must be used with its device current (as CUDA requires for cudaEventRecord).
+///
+/// CUDA graphs. Capture is not supported yet: an allocation that misses on a stream being captured throws
+/// strata::usage_error (nothing changed, the layer stays usable, no event recorded); a free on a capturing
+/// stream is abandoned (the graph may use the block whenever it is launched; counted in abandoned_blocks); no
+/// host wait is made while a stream this layer knows is capturing, and a synchronous allocate or release() is
+/// refused then (usage_error), as cudaMalloc and cudaFree are under global capture.
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
 /// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
 /// legacy and per-thread default streams are ordinary streams with ids of their own. The id lookup is a
-/// driver call (about 25 ns); pass an `identified_stream` (strata::identify(stream), once) to skip it. The
-/// synchronous allocate/deallocate run on the legacy default stream; a synchronous allocate that reuses a
-/// cached block waits for that stream, so the block is ready for the host and every stream when it returns.
+/// driver call (about 25 ns); pass an `identified_stream` (strata::identify(stream), once) to skip it (a
+/// per-thread default stream's identified_stream used on another thread is looked up again).
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
-/// is; the policy's properties. Cost of a cached allocate or free: a hash lookup for the shape, O(1), plus
-/// the id lookup (strata::identify) unless the stream is an identified_stream; no other CUDA call. A miss
-/// costs the policy's allocate, and, when the policy has no room, one event record and an event query per
-/// stream with pending events. Unsynchronized. Move-only.
+/// is; the policy's properties. Cost, on top of the id lookup (unless identified_stream) and, with
+/// `check_capture`, one cudaStreamIsCapturing per free and per policy allocate: on the owner, the policy's
+/// allocate or free and a few comparisons; on another stream, a cached allocate or free is a hash lookup, O(1),
+/// and a miss costs the policy's allocate, an event query per pending event and at most one event record and
+/// cudaStreamWaitEvent per batch of the owner's frees. Unsynchronized. Move-only.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
                        public stream_names<stream_ordered<Policy, Backend>> {
@@ -62,6 +94,8 @@ public:
   struct options {
     std::size_t frees_per_event = 8;
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
+    std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
+    bool check_capture = true;             ///< ask whether a stream is being captured (see the class comment)
   };
 
   /// What the layer did, for tuning and tests.
@@ -70,14 +104,20 @@ public:
     std::uint64_t misses = 0;       ///< went to the policy
     std::uint64_t events = 0;       ///< events recorded
     std::uint64_t handovers = 0;    ///< blocks taken from another stream with a cudaStreamWaitEvent
-    std::uint64_t host_waits = 0;   ///< times the host waited for pending frees (out of memory, release)
+    std::uint64_t orderings = 0;    ///< cudaStreamWaitEvent calls before taking from the policy
+    std::uint64_t host_waits = 0;   ///< every host wait: event_syncs + stream_syncs + device_syncs
+    std::uint64_t event_syncs = 0;  ///< cudaEventSynchronize
+    std::uint64_t stream_syncs = 0; ///< cudaStreamSynchronize
+    std::uint64_t device_syncs = 0; ///< cudaDeviceSynchronize (one per device waited for)
+    std::uint64_t abandoned_blocks = 0;  ///< never returned: no wait could make them safe (still counted in_use)
+    std::uint64_t abandoned_bytes = 0;
   };
 
   explicit stream_ordered(Policy policy = Policy{}, options opts = options{}, Backend backend = Backend{})
       : policy_(std::move(policy)), backend_(std::move(backend)), opts_(opts)
   {
-    if (opts.frees_per_event == 0 || opts.bytes_per_event == 0)
-      throw std::invalid_argument("stream_ordered: frees_per_event and bytes_per_event must be positive");
+    if (opts.frees_per_event == 0 || opts.bytes_per_event == 0 || opts.sync_frees_per_wait == 0)
+      throw std::invalid_argument("stream_ordered: frees_per_event, bytes_per_event and sync_frees_per_wait must be positive");
   }
 
   stream_ordered(stream_ordered&& other) noexcept
@@ -112,7 +152,8 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    return allocate_on(bytes, alignment, stream.stream(), stream.id(), /*for_host=*/false);
+    const std::uint64_t id = stream.valid_here() ? stream.id() : backend_.id_of(stream.stream());
+    return allocate_on(bytes, alignment, stream.stream(), id, /*for_host=*/false);
   }
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
@@ -130,29 +171,50 @@ public:
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, const identified_stream& stream) noexcept
   {
-    if (p != nullptr) deallocate_on(p, bytes, alignment, stream.stream(), stream.id());
+    if (p == nullptr) return;
+    if (stream.valid_here()) return deallocate_on(p, bytes, alignment, stream.stream(), stream.id());
+    deallocate_async(p, bytes, alignment, stream.stream());
   }
 
-  /// On the legacy default stream; a reused block is waited for, so it is ready for the host and any stream.
+  /// On the legacy default stream; the block is ready for the host and any stream when this returns.
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
+    refuse_host_wait_under_capture();  // as cudaMalloc is refused under global capture: it may have to wait
     const cuda::stream_ref legacy{cudaStreamLegacy};
     return allocate_on(bytes, alignment, legacy, backend_.id_of(legacy), /*for_host=*/true);
   }
 
-  /// On the legacy default stream: later work on any blocking stream is ordered after the free.
+  /// Safe for any prior work on any stream, as cudaFree is: set aside until a device-wide wait (class comment).
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
-    deallocate_async(p, bytes, alignment, cuda::stream_ref{cudaStreamLegacy});
+    if (p == nullptr) return;
+    const shape sh = shape_of(bytes, alignment);
+    try {
+      const cuda::stream_ref legacy{cudaStreamLegacy};
+      state_of(backend_.id_of(legacy), legacy);  // so that the device-wide wait covers this device
+      deferred_.push_back({p, sh});
+    } catch (...) {
+      return_unordered(p, sh);
+      return;
+    }
+    deferred_bytes_ += sh.footprint;
+    if (deferred_.size() >= opts_.sync_frees_per_wait || deferred_bytes_ >= opts_.bytes_per_event) {
+      try {
+        wait_for_pending_frees(/*policy_too=*/false);
+      } catch (...) {
+        // Still set aside: a later wait returns them.
+      }
+    }
   }
 
   /// Waits (on the host) for every pending free, returns every cached block to the policy, then releases
   /// the policy's free chunks when it can.
   void release()
   {
-    wait_for_pending_frees();
+    refuse_host_wait_under_capture();  // the policy's release frees chunks (cudaFree waits, illegal in capture)
+    wait_for_pending_frees(/*policy_too=*/true);
     if constexpr (releasable_resource<Policy>) policy_.release();
   }
 
@@ -168,29 +230,33 @@ public:
     return policy_.owns(p);
   }
 
-  /// The policy's figures, with cached blocks counted as free.
+  /// The policy's figures, with cached and set-aside blocks counted as free.
   strata::usage usage() const noexcept
     requires usage_reporting_resource<Policy>
   {
     strata::usage u = policy_.usage();
-    u.in_use -= cached_bytes_;
-    u.used_blocks -= cached_blocks_;
-    u.free_blocks += cached_blocks_;
+    u.in_use -= cached_bytes_ + deferred_bytes_;
+    u.used_blocks -= cached_blocks_ + deferred_.size();
+    u.free_blocks += cached_blocks_ + deferred_.size();
     return u;
   }
 
   /// Bytes and blocks freed by streams and not yet back in the policy.
   std::size_t cached_bytes() const noexcept { return cached_bytes_; }
   std::size_t cached_blocks() const noexcept { return cached_blocks_; }
+  /// Synchronous frees waiting for a device-wide wait.
+  std::size_t set_aside_blocks() const noexcept { return deferred_.size(); }
   /// Events recorded and not yet seen complete.
-  std::size_t pending_events() const noexcept
-  {
-    std::size_t n = 0;
-    for (const auto& [id, s] : streams_) n += s->events.size();
-    return n;
-  }
-  /// Streams with cached blocks or pending events.
+  std::size_t pending_events() const noexcept { return events_pending_; }
+  /// Streams with cached blocks or pending events, and the owner.
   std::size_t streams_tracked() const noexcept { return streams_.size(); }
+  /// The id of the stream whose frees go straight to the policy (none before the first free).
+  std::optional<std::uint64_t> owner() const noexcept
+  {
+    return owner_ != nullptr ? std::optional<std::uint64_t>(owner_->id) : std::nullopt;
+  }
+  /// The id this layer files a stream under (what checked<> compares).
+  std::uint64_t stream_id(cuda::stream_ref stream) const { return backend_.id_of(stream); }
   const counters& stats() const noexcept { return counters_; }
 
   Policy& policy() noexcept { return policy_; }
@@ -228,9 +294,18 @@ private:
     std::uint64_t covers_below;  ///< frees numbered below this happened before the event was recorded
   };
 
+  struct set_aside {
+    void* p;
+    shape sh;
+  };
+
   /// One stream's free blocks: bins by key (newest first, for cache-warm same-stream reuse) threaded through
   /// an age list (oldest first, the order events cover them in), and its recorded events, oldest first.
   struct stream_state {
+    std::uint64_t id = 0;
+    cuda::stream_ref handle{cudaStreamLegacy};  ///< as last seen (the owner's events are recorded on it)
+    std::uint64_t ordered_after = 0;  ///< this stream waits for the owner's policy frees numbered up to this
+    std::uint64_t recent_frees = 0;   ///< since ownership was last weighed
     std::unordered_map<std::uint64_t, node*> bins;
     node* oldest = nullptr;
     node* newest = nullptr;
@@ -335,10 +410,12 @@ private:
   {
     if (bytes > largest_cached) return policy_.allocate(bytes, alignment);  // fails there, naming the policy
     const shape sh = shape_of(bytes, alignment);
-    stream_state& s = state_of(id);
-    if (node* n = s.take(sh.key)) {
+    stream_state& s = state_of(id, stream);
+    if (node* n = s.oldest != nullptr ? s.take(sh.key) : nullptr) {
       if (for_host) {
         try {
+          refuse_host_wait_under_capture();
+          count_wait(counters_.stream_syncs);
           backend_.wait_stream(stream);
         } catch (...) {
           s.put(n);  // cannot throw: the bin for this key exists
@@ -353,9 +430,27 @@ private:
   void deallocate_on(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id) noexcept
   {
     const shape sh = shape_of(bytes, alignment);
+    if (opts_.check_capture && capturing_or_unknown(stream)) {
+      abandon(sh);
+      return;
+    }
     stream_state* s = nullptr;
     try {
-      s = &state_of(id);
+      s = &state_of(id, stream);
+    } catch (...) {
+      return_unordered(p, sh);
+      return;
+    }
+    ++s->recent_frees;
+    if (owner_ == nullptr) become_owner(*s);
+    if (owner_ == s) {
+      // Straight back, so it merges now: the policy then sees exactly the calls it would see without this
+      // layer, and holds exactly what it would hold.
+      policy_.deallocate(p, sh.request, sh.align);
+      ++policy_seq_;
+      return;
+    }
+    try {
       node* n = nodes_.make(node{.p = p, .request = sh.request, .size = sh.footprint, .align = sh.align, .key = sh.key});
       try {
         s->put(n);
@@ -378,26 +473,80 @@ private:
     }
   }
 
-  /// No bookkeeping possible: make the block safe for everyone the slow way, then hand it back.
+  /// No bookkeeping possible: make the block safe for everyone the slow way, then hand it back; if even that
+  /// fails, the block is abandoned rather than handed to work that may race it.
   void return_unordered(void* p, const shape& sh) noexcept
   {
     try {
-      backend_.wait_device();
+      refuse_host_wait_under_capture();
+      wait_all_devices();
     } catch (...) {
+      abandon(sh);
+      return;
     }
     policy_.deallocate(p, sh.request, sh.align);
   }
 
-  stream_state& state_of(std::uint64_t id)
+  void abandon(const shape& sh) noexcept
   {
-    if (last_state_ != nullptr && id == last_id_) return *last_state_;
-    auto it = streams_.find(id);
-    if (it == streams_.end()) {
-      auto fresh = std::make_unique<stream_state>();
-      it = streams_.emplace(id, std::move(fresh)).first;
+    ++counters_.abandoned_blocks;
+    counters_.abandoned_bytes += sh.footprint;
+  }
+
+  bool capturing_or_unknown(cuda::stream_ref stream) noexcept
+  {
+    try {
+      return backend_.capturing(stream);
+    } catch (...) {
+      return true;
     }
-    last_id_ = id;
-    last_state_ = it->second.get();
+  }
+
+  [[noreturn]] static void refuse_capture(const char* what)
+  {
+    throw usage_error(std::string("stream_ordered: ") + what +
+                      " while a stream is being captured into a CUDA graph; capture is not supported yet (allocate "
+                      "before cudaStreamBeginCapture, free after cudaStreamEndCapture); the pool is unchanged");
+  }
+
+  /// Host waits are illegal while any stream captures in global mode (and would hang a graph's dependencies).
+  void refuse_host_wait_under_capture()
+  {
+    if (!opts_.check_capture) return;
+    for (const auto& [id, s] : streams_) {
+      bool capturing = false;
+      try {
+        capturing = backend_.capturing(s->handle);
+      } catch (...) {
+        // A destroyed stream's handle: it captures nothing.
+      }
+      if (capturing) refuse_capture("a host wait was needed");
+    }
+    // Last: the legacy stream answers "implicitly captured" while a blocking stream captures in global mode.
+    if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
+  }
+
+  void count_wait(std::uint64_t& kind) noexcept
+  {
+    ++kind;
+    ++counters_.host_waits;
+  }
+
+  stream_state& state_of(std::uint64_t id, cuda::stream_ref stream)
+  {
+    if (last_state_ == nullptr || id != last_id_) {
+      auto it = streams_.find(id);
+      if (it == streams_.end()) {
+        const int device = backend_.device_of(stream);
+        if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) devices_.push_back(device);
+        auto fresh = std::make_unique<stream_state>();
+        fresh->id = id;
+        it = streams_.emplace(id, std::move(fresh)).first;
+      }
+      last_id_ = id;
+      last_state_ = it->second.get();
+    }
+    last_state_->handle = stream;
     return *last_state_;
   }
 
@@ -427,21 +576,37 @@ private:
     return e;
   }
 
+  /// Records an event on `stream` into `events`, covering what is numbered below `covers_below`.
+  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below)
+  {
+    // Every event made is spare or pending: with room for all of them, retiring one never allocates.
+    spare_events_.reserve(spare_events_.size() + events_pending_ + 1);
+    const event e = spare_event();
+    try {
+      backend_.record(e, stream);
+      events.push_back({e, covers_below});
+    } catch (...) {
+      spare_events_.push_back(e);
+      throw;
+    }
+    ++events_pending_;
+    ++counters_.events;
+  }
+
+  void retire_front(std::deque<pending_event>& events) noexcept
+  {
+    spare_events_.push_back(events.front().e);  // capacity reserved in record_into
+    events.pop_front();
+    --events_pending_;
+  }
+
   /// Records an event after the stream's uncovered blocks, so they can be reclaimed once it completes.
   void cover(stream_state& s, cuda::stream_ref stream)
   {
     if (s.uncovered_blocks == 0) return;
     reap(s);
-    spare_events_.reserve(spare_events_.size() + 1);  // the failure path below must not throw
-    const event e = spare_event();
-    try {
-      backend_.record(e, stream);
-      s.events.push_back({e, s.next_seq});
-    } catch (...) {
-      spare_events_.push_back(e);
-      throw;
-    }
-    ++counters_.events;
+    if (opts_.check_capture && backend_.capturing(stream)) refuse_capture("an event was needed");
+    record_into(s.events, stream, s.next_seq);
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
     s.uncovered_bytes = 0;
@@ -454,8 +619,7 @@ private:
   {
     while (!s.events.empty() && backend_.done(s.events.front().e)) {
       const std::uint64_t below = s.events.front().covers_below;
-      spare_events_.push_back(s.events.front().e);
-      s.events.pop_front();
+      retire_front(s.events);
       while (s.oldest != nullptr && s.oldest->seq < below) {
         node* n = s.oldest;
         s.remove(n);
@@ -464,13 +628,20 @@ private:
     }
   }
 
+  /// The owner's completed events: its policy frees they cover are safe for everyone.
+  void reap_owner()
+  {
+    while (!owner_events_.empty() && backend_.done(owner_events_.front().e)) mark_safe(owner_events_.front().covers_below);
+  }
+
   /// Reaps every stream and forgets streams with nothing left (destroyed streams never come back).
   void reap_all(const stream_state& keep)
   {
+    reap_owner();
     for (auto it = streams_.begin(); it != streams_.end();) {
       stream_state& s = *it->second;
       reap(s);
-      if (s.empty() && &s != &keep) {
+      if (s.empty() && &s != &keep && &s != owner_) {
         if (last_state_ == &s) last_state_ = nullptr;
         it = streams_.erase(it);
       } else {
@@ -479,34 +650,123 @@ private:
     }
   }
 
-  /// Cached blocks go back to the policy only when it would otherwise grow: a stream cycling through a few
-  /// shapes keeps its blocks, while a block no stream reuses returns as soon as its event has completed and
-  /// the policy needs room.
+  bool policy_clean() const noexcept { return safe_seq_ >= policy_seq_; }
+
+  /// s's frees go straight to the policy from now on, and what s has cached goes there now: every
+  /// block is safe for s itself. Only while the policy holds no other stream's unfinished frees.
+  void become_owner(stream_state& s) noexcept
+  {
+    owner_ = &s;
+    while (!s.events.empty()) retire_front(s.events);
+    flush_owner_cache();
+  }
+
+  /// The owner's cached blocks go to the policy (where they merge), as the owner's unfinished frees.
+  void flush_owner_cache() noexcept
+  {
+    stream_state& s = *owner_;
+    while (s.oldest != nullptr) {
+      node* n = s.oldest;
+      s.remove(n);
+      give_back(n);
+      ++policy_seq_;
+    }
+    s.covered_seq = s.next_seq;
+    s.uncovered_blocks = s.uncovered_bytes = s.blocks_at_cover = s.bytes_at_cover = 0;
+  }
+
+  /// Makes whatever the policy hands out next safe for stream t: the owner's frees not yet known complete are
+  /// waited for, on the GPU (t waits for an event on the owner) or, for the host, on the host.
+  void make_policy_safe_for(stream_state& t, cuda::stream_ref stream, bool for_host)
+  {
+    if (!policy_clean() && (for_host || (&t != owner_ && t.ordered_after < policy_seq_))) {
+      reap_owner();
+      if (!policy_clean()) {
+        if (const pending_event* e = owner_event()) {
+          if (!backend_.done(e->e)) {
+            if (!for_host) {
+              backend_.order_after(stream, e->e);
+              ++counters_.orderings;
+              t.ordered_after = e->covers_below;
+              return;
+            }
+            refuse_host_wait_under_capture();
+            count_wait(counters_.event_syncs);
+            backend_.wait_host(e->e);
+          }
+          // Ownership passes only when the policy is clean, so an event on the owner after its last policy
+          // free covers every policy free before it.
+          mark_safe(e->covers_below);
+        }
+      }
+    }
+    if (!for_host && policy_clean()) weigh_ownership(t);
+  }
+
+  void mark_safe(std::uint64_t seq) noexcept
+  {
+    safe_seq_ = std::max(safe_seq_, seq);
+    while (!owner_events_.empty() && owner_events_.front().covers_below <= safe_seq_) retire_front(owner_events_);
+  }
+
+  /// An event on the owner after all its policy frees (recorded now unless the newest one covers them), or
+  /// null when the owner stream is gone: then the devices were waited for and the policy is clean.
+  const pending_event* owner_event()
+  {
+    if (!owner_events_.empty() && owner_events_.back().covers_below >= policy_seq_) return &owner_events_.back();
+    std::uint64_t still = ~std::uint64_t{0};
+    try {
+      still = backend_.id_of(owner_->handle);
+    } catch (...) {
+    }
+    if (still != owner_->id) {
+      // Destroyed (its handle is dead or names a new stream): its work still completes, but nothing can be
+      // recorded after it any more.
+      refuse_host_wait_under_capture();
+      wait_all_devices();
+      mark_safe(policy_seq_);
+      owner_ = nullptr;
+      return nullptr;
+    }
+    if (opts_.check_capture && backend_.capturing(owner_->handle)) refuse_capture("an event on the freeing stream was needed");
+    record_into(owner_events_, owner_->handle, policy_seq_);
+    return &owner_events_.back();
+  }
+
+  /// Ownership moves to t when the owner's frees are all known complete and t has been freeing more.
+  void weigh_ownership(stream_state& t) noexcept
+  {
+    if (owner_ == &t) return;
+    if (owner_ == nullptr || t.recent_frees > owner_->recent_frees) {
+      if (owner_ != nullptr) owner_->recent_frees = 0;
+      t.recent_frees = 0;
+      become_owner(t);
+    } else {
+      owner_->recent_frees = 0;
+      t.recent_frees = 0;
+    }
+  }
+
+  /// Blocks go back to the policy as soon as they are known safe (checked here, at every miss), so they
+  /// merge before the policy is asked; set-aside synchronous frees are waited for before the policy grows.
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host)
   {
+    if (opts_.check_capture && backend_.capturing(stream)) refuse_capture("an allocation missed its stream's cache");
     ++counters_.misses;
-    bool reaped = false;
-    if (!policy_has_room(sh)) {
-      cover(s, stream);  // this stream's blocks of other shapes become reclaimable once it passes this point
+    if (events_pending_ > 0) reap_all(s);
+    make_policy_safe_for(s, stream, for_host);
+    if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
+      cover(s, stream);
       reap_all(s);
-      reaped = true;
+      if (!deferred_.empty() && !policy_has_room(sh)) wait_for_pending_frees(/*policy_too=*/false);
     }
     try {
       return policy_.allocate(sh.request, sh.align);
     } catch (const std::bad_alloc&) {
-      if (cached_blocks_ == 0) throw;
-    }
-    if (!reaped) {
-      cover(s, stream);
-      reap_all(s);
-      try {
-        return policy_.allocate(sh.request, sh.align);
-      } catch (const std::bad_alloc&) {
-        if (cached_blocks_ == 0) throw;
-      }
+      if (cached_blocks_ == 0 && deferred_.empty()) throw;
     }
     if (void* p = hand_over(sh.key, stream, s, for_host)) return p;
-    wait_for_pending_frees();
+    wait_for_pending_frees(/*policy_too=*/false);
     return policy_.allocate(sh.request, sh.align);
   }
 
@@ -535,7 +795,8 @@ private:
           }
         if (cover == nullptr) continue;  // cannot happen: a completed event's blocks were reaped with it
         if (for_host) {
-          ++counters_.host_waits;
+          refuse_host_wait_under_capture();
+          count_wait(counters_.event_syncs);
           backend_.wait_host(cover->e);
         } else {
           backend_.order_after(stream, cover->e);
@@ -548,53 +809,96 @@ private:
     return nullptr;
   }
 
-  /// Host-waits for every pending free and returns every cached block to the policy. Blocks freed after a
-  /// stream's last event have nothing to wait on but the device.
-  void wait_for_pending_frees()
+  /// cudaDeviceSynchronize of every device whose streams used this layer (and the current one).
+  void wait_all_devices()
   {
-    if (cached_blocks_ == 0) return;
-    ++counters_.host_waits;
-    bool uncovered = false;
+    const int current = backend_.device_of(cuda::stream_ref{cudaStreamLegacy});
+    if (std::find(devices_.begin(), devices_.end(), current) == devices_.end()) {
+      count_wait(counters_.device_syncs);
+      backend_.wait_device(current);
+    }
+    for (const int device : devices_) {
+      count_wait(counters_.device_syncs);
+      backend_.wait_device(device);
+    }
+  }
+
+  /// Host-waits for every pending free and returns every cached and set-aside block to the policy (with
+  /// `policy_too`, the owner's frees already there are waited for as well). Blocks freed after a stream's
+  /// last event, and synchronous frees, have nothing to wait on but the devices. Throws, changing nothing,
+  /// when a wait fails.
+  void wait_for_pending_frees(bool policy_too)
+  {
+    const bool owner_dirty = policy_too && !policy_clean();
+    if (cached_blocks_ == 0 && deferred_.empty() && !owner_dirty) return;
+    refuse_host_wait_under_capture();
+    bool uncovered = !deferred_.empty() ||
+                     (owner_dirty && (owner_events_.empty() || owner_events_.back().covers_below < policy_seq_));
     for (const auto& [id, s] : streams_) uncovered |= s->uncovered_blocks > 0;
     if (uncovered) {
-      backend_.wait_device();
+      wait_all_devices();
     } else {
       for (const auto& [id, s] : streams_)
-        for (const pending_event& pe : s->events) backend_.wait_host(pe.e);
+        for (const pending_event& pe : s->events) {
+          count_wait(counters_.event_syncs);
+          backend_.wait_host(pe.e);
+        }
+      if (owner_dirty) {
+        count_wait(counters_.event_syncs);
+        backend_.wait_host(owner_events_.back().e);
+      }
     }
     for (auto& [id, s] : streams_) drain(*s);
+    if (owner_dirty || uncovered) mark_safe(policy_seq_);
+    for (const set_aside& b : deferred_) policy_.deallocate(b.p, b.sh.request, b.sh.align);
+    deferred_.clear();
+    deferred_bytes_ = 0;
   }
 
   /// Everything s holds goes back: only after its work is known to be complete.
   void drain(stream_state& s) noexcept
   {
-    for (const pending_event& pe : s.events) spare_events_.push_back(pe.e);
-    s.events.clear();
+    while (!s.events.empty()) retire_front(s.events);
     while (s.oldest != nullptr) {
       node* n = s.oldest;
       s.remove(n);
       give_back(n);
     }
     s.covered_seq = s.next_seq;
+    s.uncovered_blocks = s.uncovered_bytes = 0;
   }
 
+  /// At destruction and move-assignment: cached blocks go back only after a successful wait; if the wait
+  /// fails (a sticky CUDA error, the runtime gone at exit) they are abandoned, never handed back as if safe.
   void return_everything() noexcept
   {
-    if (streams_.empty() && spare_events_.empty()) return;
+    if (streams_.empty() && spare_events_.empty() && deferred_.empty() && owner_events_.empty()) return;
     try {
-      wait_for_pending_frees();
+      wait_for_pending_frees(/*policy_too=*/false);
     } catch (...) {
-      // The runtime may already be gone at exit; the policy's own teardown frees the chunks regardless.
+      counters_.abandoned_blocks += cached_blocks_ + deferred_.size();
+      counters_.abandoned_bytes += cached_bytes_ + deferred_bytes_;
     }
-    for (auto& [id, s] : streams_) {
+    for (auto& [id, s] : streams_)
       for (const pending_event& pe : s->events) backend_.destroy_event(pe.e);
-      s->events.clear();
-      drain(*s);
+    for (const pending_event& pe : owner_events_) backend_.destroy_event(pe.e);
+    for (event e : spare_events_) backend_.destroy_event(e);
+    for (auto& [id, s] : streams_) {
+      while (s->oldest != nullptr) {
+        node* n = s->oldest;
+        s->remove(n);
+        nodes_.recycle(n);
+      }
     }
     streams_.clear();
-    for (event e : spare_events_) backend_.destroy_event(e);
+    owner_events_.clear();
     spare_events_.clear();
+    deferred_.clear();
+    devices_.clear();
+    cached_bytes_ = cached_blocks_ = deferred_bytes_ = events_pending_ = 0;
+    owner_ = nullptr;
     last_state_ = nullptr;
+    policy_seq_ = safe_seq_ = 0;
   }
 
   void take(stream_ordered& other) noexcept
@@ -602,12 +906,23 @@ private:
     streams_ = std::move(other.streams_);
     nodes_ = std::move(other.nodes_);
     spare_events_ = std::move(other.spare_events_);
+    owner_events_ = std::move(other.owner_events_);
+    deferred_ = std::move(other.deferred_);
+    devices_ = std::move(other.devices_);
     cached_bytes_ = std::exchange(other.cached_bytes_, 0);
     cached_blocks_ = std::exchange(other.cached_blocks_, 0);
+    deferred_bytes_ = std::exchange(other.deferred_bytes_, 0);
+    events_pending_ = std::exchange(other.events_pending_, 0);
+    owner_ = std::exchange(other.owner_, nullptr);
+    policy_seq_ = std::exchange(other.policy_seq_, 0);
+    safe_seq_ = std::exchange(other.safe_seq_, 0);
     counters_ = std::exchange(other.counters_, counters{});
     last_state_ = nullptr;
     other.streams_.clear();
     other.spare_events_.clear();
+    other.owner_events_.clear();
+    other.deferred_.clear();
+    other.devices_.clear();
     other.last_state_ = nullptr;
   }
 
@@ -617,8 +932,16 @@ private:
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> streams_;
   std::uint64_t last_id_ = 0;
   stream_state* last_state_ = nullptr;
+  stream_state* owner_ = nullptr;
+  std::uint64_t policy_seq_ = 0;  ///< the owner's frees into the policy, numbered (across owners)
+  std::uint64_t safe_seq_ = 0;    ///< policy frees numbered up to this are known complete
+  std::deque<pending_event> owner_events_;
+  std::vector<set_aside> deferred_;
+  std::size_t deferred_bytes_ = 0;
+  std::vector<int> devices_;
   detail::object_pool<node> nodes_;
   std::vector<event> spare_events_;
+  std::size_t events_pending_ = 0;
   std::size_t cached_bytes_ = 0;
   std::size_t cached_blocks_ = 0;
   counters counters_;
