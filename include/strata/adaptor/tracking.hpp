@@ -102,8 +102,9 @@ public:
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
+    auto node = make_slot();  // the record's memory first: once the box has served, recording cannot fail
     void* p = upstream_.allocate(bytes, alignment);
-    remember(p, bytes, alignment, 0);
+    remember(std::move(node), p, bytes, alignment, 0);
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
@@ -114,8 +115,9 @@ public:
   void* allocate_async(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream)
     requires stream_resource<Upstream>
   {
+    auto node = make_slot();
     void* p = upstream_.allocate_async(bytes, alignment, stream);
-    remember(p, bytes, alignment, reinterpret_cast<std::uintptr_t>(stream.get()));
+    remember(std::move(node), p, bytes, alignment, reinterpret_cast<std::uintptr_t>(stream.get()));
     return p;
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
@@ -198,12 +200,29 @@ private:
     return tags_.size() - 1;
   }
 
-  void remember(void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream)
+  using slot = typename std::unordered_map<const void*, record>::node_type;
+
+  /// A map node, and room in the buckets for it, taken before the box is asked: the lock is not held across
+  /// the box's call (it may come back in), and after it nothing but another thread's insert can make
+  /// recording allocate.
+  slot make_slot()
+  {
+    std::lock_guard lock(mutex_);
+    live_.reserve(live_.size() + 1);
+    static const char placeholder = 0;
+    slot n = live_.extract(live_.emplace(&placeholder, record{}).first);
+    return n;
+  }
+
+  void remember(slot n, void* p, std::size_t bytes, std::size_t alignment, std::uintptr_t stream)
   {
     if (p == nullptr) return;
     try {
       std::lock_guard lock(mutex_);
-      live_[p] = {bytes, alignment, stream, current_tag_, ++sequence_};
+      n.key() = p;
+      n.mapped() = {bytes, alignment, stream, current_tag_, ++sequence_};
+      live_.reserve(live_.size() + 1);  // a no-op unless another thread filled the room taken
+      live_.insert(std::move(n));
     } catch (...) {
       upstream_.deallocate(p, bytes, alignment);  // untracked memory would be a leak the report cannot see
       throw;
