@@ -291,7 +291,7 @@ private:
 namespace detail::checked_claims {
 using C = checked<archetype_resource>;
 static_assert(!resource<C>, "checked's frees throw: not a strata::resource, by design");
-static_assert(cccl::synchronous_resource_with<C, device_accessible>);
+static_assert(has_property<C, device_accessible> && !has_property<C, host_accessible>);  // forwarded
 } // namespace detail::checked_claims
 
 } // namespace strata
