@@ -429,11 +429,15 @@ TEST_CASE("stream_ordered: a synchronous free is safe for work on any stream, as
   CHECK(r.world.completed(r.world.id_of(non_blocking)) == r.world.enqueued(r.world.id_of(non_blocking)));
   void* again = r.allocate_sync(1 << 16);  // now p may come back
   r.free_sync(again, 1 << 16, all);
-  // When the policy would grow, set-aside frees are waited for first.
+  // When the policy would grow, set-aside frees are waited for first: a whole 1 MiB chunk set aside is reused.
+  void* whole = r.allocate_sync(1 << 20);
+  r.free_sync(whole, 1 << 20, all);
   const std::size_t chunks = r.upstream.allocations();
+  const auto device_syncs = r.layer.stats().device_syncs;
   void* big = r.allocate(1 << 20, other);
+  CHECK(big == whole);
   CHECK(r.upstream.allocations() == chunks);
-  CHECK(r.layer.stats().device_syncs == 2);
+  CHECK(r.layer.stats().device_syncs == device_syncs + 1);
   r.free(big, 1 << 20, other);
 }
 
@@ -684,7 +688,7 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
                       << r.layer.stats().orderings << ", host waits " << r.layer.stats().host_waits);
     CHECK(served > 5000);
     CHECK(refusals < served / 10);
-    CHECK(r.layer.stats().hits > 500);
+    CHECK(r.layer.stats().hits > 200);
     CHECK(r.layer.stats().orderings > 10);
     CHECK(r.checked_ranges > 1000);
     for (const auto& b : live) r.free(b.p, b.bytes, streams[b.stream]);
