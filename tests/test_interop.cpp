@@ -52,8 +52,8 @@ static_assert(cccl_both_generations<fallback<coalescing_pool<device_source>, coa
 static_assert(!has_property<fallback<coalescing_pool<device_source>, coalescing_pool<pinned_source>>, host_accessible>);
 static_assert(cccl_both_generations<thread_cached<coalescing_pool<pinned_source>>, device_accessible, host_accessible>);
 static_assert(cccl_both_generations<synchronized<size_class_pool<device_source>>, device_accessible>);
-static_assert(cccl::synchronous_resource_with<checked<coalescing_pool<device_source>>, device_accessible> &&
-              !resource<checked<coalescing_pool<device_source>>>);
+// checked's frees throw on misuse: deliberately no resource (it keeps its properties).
+static_assert(!resource<checked<coalescing_pool<device_source>>> && has_property<checked<coalescing_pool<device_source>>, device_accessible>);
 // The wrappers the CCCL gives users take strata boxes: through a strata::ref in every generation, and the
 // move-only boxes themselves before 3.2 (whose wrappers hold copyable resources only).
 static_assert(std::is_constructible_v<cccl::synchronous_resource_ref<device_accessible>, ref<coalescing_pool<device_source>>&>);
