@@ -98,30 +98,34 @@ TEST_CASE("mapped_pool<driver_pages> under a physical cap: reclaims and remaps k
 
 TEST_CASE("stream_ordered<mapped_pool>: a block freed on one stream and remapped for another never races")
 {
-  // Room for about one block: serving stream b means taking a's memory, possibly unmapping and remapping it.
-  constexpr std::size_t bytes = 48 * mib;
+  // Under a 64 MiB cap: a holds x (40 MiB) and y (16 MiB) after it, frees x while its kernel still reads x;
+  // b then asks for 44 MiB, which fits neither x's hole nor the cap beside it: the pool must unmap x's memory
+  // and map new memory for b. The unmap may only happen once a's kernel is done.
   stream_ordered<device_pool> layer{device_pool{driver_pages{}, {.max_physical = 64 * mib, .reclaim_slack_fraction = 0.0}}};
   const cudaStream_t a = make_stream(), b = make_stream();
   void* out = nullptr;
-  REQUIRE(cudaMalloc(&out, bytes) == cudaSuccess);
-  for (int round = 0; round < 8; ++round) {
+  REQUIRE(cudaMalloc(&out, 40 * mib) == cudaSuccess);
+  for (int round = 0; round < 6; ++round) {
     CAPTURE(round);
     const auto seed = static_cast<std::uint32_t>(100 + round);
-    void* buf = layer.allocate_async(bytes, 256, a);
-    strata::testing::fill(buf, bytes, seed, a);
+    void* x = layer.allocate_async(40 * mib, 256, a);
+    void* y = layer.allocate_async(16 * mib, 256, a);
+    strata::testing::fill(x, 40 * mib, seed, a);
     strata::testing::sleep_kernel<<<1, 1, 0, a>>>(2'000'000);
-    REQUIRE(cudaMemcpyAsync(out, buf, bytes, cudaMemcpyDeviceToDevice, a) == cudaSuccess);
-    layer.deallocate_async(buf, bytes, 256, a);
-    // A different size on the other stream: it cannot reuse the block as cached, only through the pool.
-    const std::size_t other = bytes - (round + 1) * 2 * mib;
-    void* mine = layer.allocate_async(other, 256, b);
-    strata::testing::fill(mine, other, seed + 1000, b);
+    REQUIRE(cudaMemcpyAsync(out, x, 40 * mib, cudaMemcpyDeviceToDevice, a) == cudaSuccess);
+    layer.deallocate_async(x, 40 * mib, 256, a);
+    void* mine = layer.allocate_async(44 * mib, 256, b);
+    strata::testing::fill(mine, 44 * mib, seed + 1000, b);
     REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
-    CHECK(strata::testing::mismatches(out, bytes, seed) == 0);
-    CHECK(strata::testing::mismatches(mine, other, seed + 1000) == 0);
-    layer.deallocate_async(mine, other, 256, b);
+    CHECK(strata::testing::mismatches(out, 40 * mib, seed) == 0);
+    CHECK(strata::testing::mismatches(mine, 44 * mib, seed + 1000) == 0);
+    layer.deallocate_async(mine, 44 * mib, 256, b);
+    layer.deallocate_async(y, 16 * mib, 256, a);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(layer.policy().physical_bytes() <= 64 * mib);
   }
+  CHECK(layer.policy().page_calls().unmaps > 0);  // memory really moved under the cap
   layer.release();
   CHECK(layer.policy().physical_bytes() == 0);
   REQUIRE(cudaFree(out) == cudaSuccess);

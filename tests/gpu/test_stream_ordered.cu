@@ -295,8 +295,10 @@ TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking strea
     void* r = tight ? nullptr : layer.allocate_async(1 << 20, 256, cuda::stream_ref{cudaStreamLegacy});
     void* t = tight ? nullptr : layer.allocate_async(1 << 20, 256, other);
     if (!tight) {
-      CHECK((q != p && r != p && t != p));
-      CHECK(layer.set_aside_blocks() == 1);
+      // p comes back only behind a device-wide wait (when the pool would otherwise have grown).
+      const bool waited = layer.stats().device_syncs > 0;
+      CHECK((waited || (q != p && r != p && t != p)));
+      CHECK(layer.set_aside_blocks() == (waited ? 0u : 1u));
       strata::testing::fill(r, 1 << 20, 43, cudaStreamLegacy);
       strata::testing::fill(t, 1 << 20, 44, other);
     }

@@ -75,8 +75,9 @@ public:
     };
     const tlsf::list_index own = tlsf::mapping_insert(bytes / tlsf::granule);
     if (own.first >= tlsf::first_level_count) return nullptr;
-    for (Node* b = heads_[own.first][own.second]; b != nullptr; b = b->free_next) {
-      if (b->size >= bytes ? consider(b) : (--budget <= 0 && best != nullptr)) return best;
+    int own_walk = budget;  // blocks of the own list too small still count: the walk stays bounded
+    for (Node* b = heads_[own.first][own.second]; b != nullptr && own_walk-- > 0; b = b->free_next) {
+      if (b->size >= bytes && consider(b)) return best;
     }
     tlsf::list_index i = tlsf::mapping_search(bytes / tlsf::granule);
     if (i == own && ++i.second == tlsf::second_level_count) {  // own list already walked

@@ -188,10 +188,13 @@ public:
     ++counts_.unmaps;
   }
 
+  /// Waits for the device and every peer granted access: work on any of them may use the memory.
   void synchronize()
   {
-    detail::scoped_device on(device_);
-    detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (std::size_t i = 0; i < devices_; ++i) {
+      detail::scoped_device on(access_[i].location.id);
+      detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
     ++counts_.synchronizes;
   }
 

@@ -475,14 +475,19 @@ private:
     const page_handle page = backend_.create(bytes);
     try {
       backend_.map(address, page, bytes);
-      try {
-        backend_.set_access(address, bytes);
-      } catch (...) {
-        backend_.unmap(address, bytes);
-        throw;
-      }
     } catch (...) {
       backend_.destroy(page);
+      throw;
+    }
+    try {
+      backend_.set_access(address, bytes);
+    } catch (...) {
+      try {
+        backend_.unmap(address, bytes);
+        backend_.destroy(page);
+      } catch (...) {
+        // The driver keeps the range mapped: the allocation is leaked rather than released under a mapping.
+      }
       throw;
     }
     std::uint32_t slot = 0;
@@ -508,7 +513,13 @@ private:
     try {
       backend_.unmap(address_of(bands_[m.band], m.first), bytes_of(m));
     } catch (...) {
-      return;  // the driver kept it: it stays mapped, and is retried by a later reclaim or teardown
+      // The driver kept it: it becomes an idle mapping (no live block touches it), retried by a later reclaim.
+      if (!m.idle) {
+        m.idle = true;
+        idle_bytes_ += bytes_of(m);
+      }
+      if (!m.listed) list_idle(slot);
+      return;
     }
     if (m.idle) idle_bytes_ -= bytes_of(m);
     release_unmapped(slot);
@@ -572,6 +583,13 @@ private:
 
   void return_everything() noexcept
   {
+    if (mappings_live_ > 0) {
+      try {
+        backend_.synchronize();  // work submitted before the pool goes may still use its memory
+      } catch (...) {
+        // The runtime may be gone at exit, or the device broken: nothing more can be done than unmapping.
+      }
+    }
     for (std::uint32_t slot = 0; slot < mappings_.size(); ++slot) {
       mapping& m = mappings_[slot];
       if (m.count == 0) continue;

@@ -144,7 +144,7 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    return allocate_on(bytes, alignment, stream, backend_.id_of(stream), /*for_host=*/false);
+    return allocate_on(bytes, alignment, stream, id_for_allocate(stream), /*for_host=*/false);
   }
 
   /// The same, with the stream's id known: no backend call on a hit.
@@ -152,7 +152,7 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
-    const std::uint64_t id = stream.valid_here() ? stream.id() : backend_.id_of(stream.stream());
+    const std::uint64_t id = stream.valid_here() ? stream.id() : id_for_allocate(stream.stream());
     return allocate_on(bytes, alignment, stream.stream(), id, /*for_host=*/false);
   }
 
@@ -442,12 +442,13 @@ private:
       return;
     }
     ++s->recent_frees;
-    if (owner_ == nullptr) become_owner(*s);
+    if (owner_ == nullptr) become_owner(*s, stream);
     if (owner_ == s) {
       // Straight back, so it merges now: the policy then sees exactly the calls it would see without this
       // layer, and holds exactly what it would hold.
       policy_.deallocate(p, sh.request, sh.align);
       ++policy_seq_;
+      if (shared_) cover_owner(stream);
       return;
     }
     try {
@@ -493,12 +494,47 @@ private:
     counters_.abandoned_bytes += sh.footprint;
   }
 
+  /// The stream's id; a stream being captured cannot even be asked for it (the driver refuses): that is the
+  /// capture refusal, not a CUDA failure.
+  std::uint64_t id_for_allocate(cuda::stream_ref stream)
+  {
+    try {
+      return backend_.id_of(stream);
+    } catch (const std::exception&) {
+      bool capturing = false;
+      try {
+        capturing = opts_.check_capture && captures(stream);
+      } catch (...) {  // not even that: an unknown stream, reported as the lookup's own error
+      }
+      if (capturing) refuse_capture("an allocation asked for its stream");
+      throw;
+    }
+  }
+
   bool capturing_or_unknown(cuda::stream_ref stream) noexcept
   {
     try {
-      return backend_.capturing(stream);
+      return captures(stream);
     } catch (...) {
       return true;
+    }
+  }
+
+  /// Whether a stream a call was just made on is being captured; a capturing stream is remembered, so that
+  /// host waits are refused until it is seen capturing no more.
+  bool captures(cuda::stream_ref stream)
+  {
+    const bool capturing = backend_.capturing(stream);
+    if (capturing) note_capture(stream);
+    return capturing;
+  }
+
+  void note_capture(cuda::stream_ref stream) noexcept
+  {
+    if (std::find(capturing_.begin(), capturing_.end(), stream) != capturing_.end()) return;
+    try {
+      capturing_.push_back(stream);
+    } catch (...) {  // not remembered: a host wait then fails in the driver instead of being refused
     }
   }
 
@@ -509,20 +545,24 @@ private:
                       "before cudaStreamBeginCapture, free after cudaStreamEndCapture); the pool is unchanged");
   }
 
-  /// Host waits are illegal while any stream captures in global mode (and would hang a graph's dependencies).
+  /// Host waits are illegal while a stream captures in global mode (and would hang a graph's dependencies).
+  /// Asked: the streams this layer has seen capturing (until they are seen capturing no more) and the legacy
+  /// stream (it answers "implicitly captured" during a global-mode capture). Never every handle the layer has
+  /// seen: those may belong to streams destroyed since, and asking the driver about a destroyed stream is
+  /// undefined (it crashes on current drivers).
   void refuse_host_wait_under_capture()
   {
     if (!opts_.check_capture) return;
-    for (const auto& [id, s] : streams_) {
-      bool capturing = false;
+    for (std::size_t i = 0; i < capturing_.size();) {
+      bool still = true;
       try {
-        capturing = backend_.capturing(s->handle);
+        still = backend_.capturing(capturing_[i]);
       } catch (...) {
-        // A destroyed stream's handle: it captures nothing.
       }
-      if (capturing) refuse_capture("a host wait was needed");
+      if (still) refuse_capture("a host wait was needed");
+      capturing_[i] = capturing_.back();
+      capturing_.pop_back();
     }
-    // Last: the legacy stream answers "implicitly captured" while a blocking stream captures in global mode.
     if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
   }
 
@@ -542,6 +582,7 @@ private:
         auto fresh = std::make_unique<stream_state>();
         fresh->id = id;
         it = streams_.emplace(id, std::move(fresh)).first;
+        shared_ = shared_ || streams_.size() > 1;  // from now on the owner's frees carry events
       }
       last_id_ = id;
       last_state_ = it->second.get();
@@ -605,7 +646,7 @@ private:
   {
     if (s.uncovered_blocks == 0) return;
     reap(s);
-    if (opts_.check_capture && backend_.capturing(stream)) refuse_capture("an event was needed");
+    if (opts_.check_capture && captures(stream)) refuse_capture("an event was needed");
     record_into(s.events, stream, s.next_seq);
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
@@ -654,11 +695,12 @@ private:
 
   /// s's frees go straight to the policy from now on, and what s has cached goes there now: every
   /// block is safe for s itself. Only while the policy holds no other stream's unfinished frees.
-  void become_owner(stream_state& s) noexcept
+  void become_owner(stream_state& s, cuda::stream_ref stream) noexcept
   {
     owner_ = &s;
     while (!s.events.empty()) retire_front(s.events);
     flush_owner_cache();
+    if (shared_ && !policy_clean()) cover_owner(stream);  // the flushed blocks, for the other streams
   }
 
   /// The owner's cached blocks go to the policy (where they merge), as the owner's unfinished frees.
@@ -700,7 +742,7 @@ private:
         }
       }
     }
-    if (!for_host && policy_clean()) weigh_ownership(t);
+    if (!for_host && policy_clean()) weigh_ownership(t, stream);
   }
 
   void mark_safe(std::uint64_t seq) noexcept
@@ -709,38 +751,37 @@ private:
     while (!owner_events_.empty() && owner_events_.front().covers_below <= safe_seq_) retire_front(owner_events_);
   }
 
-  /// An event on the owner after all its policy frees (recorded now unless the newest one covers them), or
-  /// null when the owner stream is gone: then the devices were waited for and the policy is clean.
+  /// Once another stream shares the layer, every owner free records an event after itself, on the owner's
+  /// stream while it is known alive (this call): so another stream never has to touch the owner's handle,
+  /// which may belong to a stream destroyed since. A failed record leaves the free uncovered; a taker then
+  /// waits device-wide (owner_event).
+  void cover_owner(cuda::stream_ref stream) noexcept
+  {
+    try {
+      record_into(owner_events_, stream, policy_seq_);
+    } catch (...) {
+    }
+  }
+
+  /// An event after all the owner's policy frees, or null when some have none (made before another stream
+  /// shared the layer, or a record failed): then every device was waited for and the policy is clean.
   const pending_event* owner_event()
   {
     if (!owner_events_.empty() && owner_events_.back().covers_below >= policy_seq_) return &owner_events_.back();
-    std::uint64_t still = ~std::uint64_t{0};
-    try {
-      still = backend_.id_of(owner_->handle);
-    } catch (...) {
-    }
-    if (still != owner_->id) {
-      // Destroyed (its handle is dead or names a new stream): its work still completes, but nothing can be
-      // recorded after it any more.
-      refuse_host_wait_under_capture();
-      wait_all_devices();
-      mark_safe(policy_seq_);
-      owner_ = nullptr;
-      return nullptr;
-    }
-    if (opts_.check_capture && backend_.capturing(owner_->handle)) refuse_capture("an event on the freeing stream was needed");
-    record_into(owner_events_, owner_->handle, policy_seq_);
-    return &owner_events_.back();
+    refuse_host_wait_under_capture();
+    wait_all_devices();
+    mark_safe(policy_seq_);
+    return nullptr;
   }
 
   /// Ownership moves to t when the owner's frees are all known complete and t has been freeing more.
-  void weigh_ownership(stream_state& t) noexcept
+  void weigh_ownership(stream_state& t, cuda::stream_ref stream) noexcept
   {
     if (owner_ == &t) return;
     if (owner_ == nullptr || t.recent_frees > owner_->recent_frees) {
       if (owner_ != nullptr) owner_->recent_frees = 0;
       t.recent_frees = 0;
-      become_owner(t);
+      become_owner(t, stream);
     } else {
       owner_->recent_frees = 0;
       t.recent_frees = 0;
@@ -751,7 +792,7 @@ private:
   /// merge before the policy is asked; set-aside synchronous frees are waited for before the policy grows.
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host)
   {
-    if (opts_.check_capture && backend_.capturing(stream)) refuse_capture("an allocation missed its stream's cache");
+    if (opts_.check_capture && captures(stream)) refuse_capture("an allocation missed its stream's cache");
     ++counters_.misses;
     if (events_pending_ > 0) reap_all(s);
     make_policy_safe_for(s, stream, for_host);
@@ -914,6 +955,8 @@ private:
     deferred_bytes_ = std::exchange(other.deferred_bytes_, 0);
     events_pending_ = std::exchange(other.events_pending_, 0);
     owner_ = std::exchange(other.owner_, nullptr);
+    shared_ = std::exchange(other.shared_, false);
+    capturing_ = std::exchange(other.capturing_, {});
     policy_seq_ = std::exchange(other.policy_seq_, 0);
     safe_seq_ = std::exchange(other.safe_seq_, 0);
     counters_ = std::exchange(other.counters_, counters{});
@@ -933,6 +976,8 @@ private:
   std::uint64_t last_id_ = 0;
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
+  bool shared_ = false;  ///< a second stream has used the layer
+  std::vector<cuda::stream_ref> capturing_;  ///< streams seen capturing (see refuse_host_wait_under_capture)
   std::uint64_t policy_seq_ = 0;  ///< the owner's frees into the policy, numbered (across owners)
   std::uint64_t safe_seq_ = 0;    ///< policy frees numbered up to this are known complete
   std::deque<pending_event> owner_events_;
