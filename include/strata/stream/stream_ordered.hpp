@@ -39,10 +39,14 @@ namespace strata {
 /// such blocks has completed (recorded in batches: once `frees_per_event` blocks or `bytes_per_event` bytes
 /// lack one, or when s misses), they go back to the policy, checked at every miss.
 /// Before another stream t (not the owner) takes anything from the policy while the owner has frees not yet
-/// known complete, t is made to wait for them on the GPU: one event recorded on the owner and one
-/// cudaStreamWaitEvent, once per batch of the owner's frees (no host wait). When the policy runs out, a
-/// block of the same shape cached by another stream is handed over the same way; failing that, the host waits
-/// for every pending free, returns them all, and the policy is asked once more before out_of_memory.
+/// known complete, t is made to wait for them on the GPU (cudaStreamWaitEvent, no host wait): once a second
+/// stream has used the layer, every owner free records an event after itself, on the owner's stream during
+/// the owner's own call — a stream handle is never touched outside a call on it, since its stream may have
+/// been destroyed since (asking the driver about a destroyed stream crashes it). The owner's frees made while
+/// it was alone carry no event: the first other stream that needs them waits for the device once. When the
+/// policy runs out, a block of the same shape cached by another stream is handed over the same way; failing
+/// that, the host waits for every pending free, returns them all, and the policy is asked once more before
+/// out_of_memory.
 ///
 /// Synchronous calls. `deallocate` (no stream) is safe for any prior work on any stream, as cudaFree is: the
 /// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of every
@@ -56,12 +60,12 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits); another stream needing the frees of an owner stream that was destroyed (device waits). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
+/// waits); the first other stream needing the owner's earlier frees (one device wait). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
 /// are abandoned, counted in stats().abandoned_blocks).
 ///
-/// The owner's events are recorded on its handle as last seen, after checking that the handle still names the
-/// owner (by id): a destroyed owner is waited for device-wide instead. Events are created on the current device,
-/// so a stream of another device must be used with its device current (as CUDA requires for cudaEventRecord).
+/// Events are created on the current device, so a stream of another device must be used with its device
+/// current (as CUDA requires for cudaEventRecord). A policy that waits for the device itself (mapped_pool,
+/// when it reclaims idle memory after growing) does so inside the policy's allocate: not counted here.
 ///
 /// CUDA graphs. Capture is not supported yet: an allocation that misses on a stream being captured throws
 /// strata::usage_error (nothing changed, the layer stays usable, no event recorded); a free on a capturing
