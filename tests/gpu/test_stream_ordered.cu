@@ -47,6 +47,8 @@ layer_t tight_layer(std::size_t bytes, std::size_t frees_per_event)
 template <class Stream>
 bool race(layer_t& layer, std::size_t bytes, Stream a, Stream b, void* out, std::uint32_t seed)
 {
+  layer.share(cuda::stream_ref(a));
+  layer.share(cuda::stream_ref(b));  // b is known before a frees: a's frees carry events b can wait on
   void* buf = layer.allocate_async(bytes, 256, a);
   const cudaStream_t sa = cuda::stream_ref(a).get(), sb = cuda::stream_ref(b).get();
   strata::testing::fill(buf, bytes, seed, sa);
@@ -144,6 +146,8 @@ TEST_CASE("stream_ordered: the handover does not block the host")
 {
   cudaStream_t a = make_stream(), b = make_stream();
   layer_t layer = tight_layer(1 << 20, 1);
+  layer.share(a);
+  layer.share(b);
   void* buf = layer.allocate_async(1 << 20, 256, a);
   strata::testing::sleep_kernel<<<1, 1, 0, a>>>(long_kernel_ns * 10);
   layer.deallocate_async(buf, 1 << 20, 256, a);
@@ -223,6 +227,8 @@ TEST_CASE("stream_ordered: out of memory with pending frees on another stream su
   {
     using spied_pool = coalescing_pool<ref<spy<device_source>>>;
     stream_ordered<spied_pool> layer{spied_pool{ref(upstream), {.initial_chunk = 8 << 20, .max_chunk = 8 << 20, .max_reserved = 8 << 20}}};
+    layer.share(a);
+    layer.share(b);
     layer.deallocate_async(layer.allocate_async(256, 256, owner), 256, 256, owner);  // a caches its frees
     REQUIRE(cudaStreamSynchronize(owner) == cudaSuccess);
     std::vector<void*> blocks;
@@ -248,6 +254,7 @@ TEST_CASE("stream_ordered: the owner's frees merge at once; another stream takes
 {
   cudaStream_t a = make_stream(), b = make_stream();
   layer_t layer = tight_layer(8 << 20, 8);
+  layer.share(b);  // known before a frees
   void* out = nullptr;
   REQUIRE(cudaMalloc(&out, 1 << 20) == cudaSuccess);
   std::vector<void*> blocks;

@@ -148,8 +148,16 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
+    // Before the id: asking a capturing stream for its id is itself illegal and invalidates the capture.
+    if (opts_.check_capture && captures(stream)) refuse_capture("an allocation was asked of it");
     return allocate_on(bytes, alignment, stream, id_for_allocate(stream), /*for_host=*/false);
   }
+
+  /// Tells the layer that `stream` will share it: from now on the owner's frees carry events, so that this
+  /// stream waits for them on the GPU. (A stream first seen later makes its first request wait for the device
+  /// once instead: the owner's earlier frees have no event, and its handle is never touched from another
+  /// stream's call.) A driver call; no memory.
+  void share(cuda::stream_ref stream) { (void)state_of(backend_.id_of(stream), stream); }
 
   /// The same, with the stream's id known: no backend call on a hit.
   void* allocate_async(std::size_t bytes, std::size_t alignment, const identified_stream& stream)
@@ -164,6 +172,15 @@ public:
   {
     if (p == nullptr) return;
     std::uint64_t id = 0;
+    bool capturing = false;
+    try {
+      capturing = opts_.check_capture && captures(stream);
+    } catch (...) {  // an unknown stream: the id lookup below says so
+    }
+    if (capturing) {  // the graph may use the block whenever it is launched; asking the id would break it
+      abandon(shape_of(bytes, alignment));
+      return;
+    }
     try {
       id = backend_.id_of(stream);
     } catch (...) {
