@@ -110,6 +110,8 @@ TEST_CASE("stream_ordered: race tests over many sizes and stream pairs")
     for (std::size_t bytes : race_sizes)
       for (int i = 0; i < 4; ++i) {
         layer_t layer = tight_layer(bytes, 1);
+        layer.share(streams[i]);
+        layer.share(streams[(i + 1) % 4]);
         claim(layer, owner);
         CHECK(race(layer, bytes, streams[i], streams[(i + 1) % 4], out, seed += 2));
         CHECK(layer.stats().handovers == 1);
@@ -121,6 +123,8 @@ TEST_CASE("stream_ordered: race tests over many sizes and stream pairs")
     for (std::size_t bytes : race_sizes)
       for (int i = 0; i < 4; ++i) {
         layer_t layer = tight_layer(bytes, 1);
+        layer.share(streams[i]);
+        layer.share(streams[(i + 1) % 4]);
         claim(layer, owner);
         CHECK(race(layer, bytes, identify(streams[i]), identify(streams[(i + 1) % 4]), out, seed += 2));
         CHECK(layer.stats().handovers == 1);
@@ -131,6 +135,8 @@ TEST_CASE("stream_ordered: race tests over many sizes and stream pairs")
     for (std::size_t bytes : race_sizes)
       for (int i = 0; i < 4; ++i) {
         layer_t layer = tight_layer(bytes, 64);
+        layer.share(streams[i]);
+        layer.share(streams[(i + 1) % 4]);
         claim(layer, owner);
         CHECK(race(layer, bytes, streams[i], streams[(i + 1) % 4], out, seed += 2));
         CHECK(layer.stats().host_waits == 1);
