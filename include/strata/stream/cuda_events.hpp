@@ -90,8 +90,14 @@ struct cuda_events {
     detail::cuda_check(cudaStreamGetDevice(stream.get(), &device), "cudaStreamGetDevice");
     return device;
   }
+  /// The driver's cuStreamIsCapturing through the runtime's entry-point table (a fraction of the runtime's
+  /// cost: it is asked once per allocate and free), the runtime where the driver lacks it.
   bool capturing(cuda::stream_ref stream) const
   {
+    if (const auto driver = detail::driver_is_capturing(); driver != nullptr) {
+      int status = 0;
+      if (driver(explicit_stream(stream).get(), &status) == 0) return status != 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+    }
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaError_t asked = cudaStreamIsCapturing(stream.get(), &status);
     if (asked == cudaErrorStreamCaptureImplicit) {  // a default stream while another captures in global mode

@@ -68,6 +68,23 @@ inline stream_id_fn driver_stream_id() noexcept
   return fn;
 }
 
+/// The driver's cuStreamIsCapturing, found the same way (its status: 0 none, 1 active, 2 invalidated).
+using is_capturing_fn = int (*)(cudaStream_t, int*);
+inline is_capturing_fn driver_is_capturing() noexcept
+{
+  static const is_capturing_fn fn = [] {
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      clear_last_error();
+      return is_capturing_fn{nullptr};
+    }
+    return reinterpret_cast<is_capturing_fn>(symbol);
+  }();
+  return fn;
+}
+
 } // namespace detail
 
 inline namespace STRATA_DEFAULT_STREAM_MODE {

@@ -150,7 +150,7 @@ public:
     if (bytes == 0) return nullptr;
     // Before the id: asking a capturing stream for its id is itself illegal and invalidates the capture.
     if (opts_.check_capture && captures(stream)) refuse_capture("an allocation was asked of it");
-    return allocate_on(bytes, alignment, stream, id_for_allocate(stream), /*for_host=*/false);
+    return allocate_on(bytes, alignment, stream, id_for_allocate(stream), /*for_host=*/false, /*capture_checked=*/true);
   }
 
   /// Tells the layer that `stream` will share it: from now on the owner's frees carry events, so that this
@@ -187,7 +187,7 @@ public:
       return_unordered(p, shape_of(bytes, alignment));  // an unknown stream: nothing to order the reuse by
       return;
     }
-    deallocate_on(p, bytes, alignment, stream, id);
+    deallocate_on(p, bytes, alignment, stream, id, /*capture_checked=*/true);
   }
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, const identified_stream& stream) noexcept
@@ -427,7 +427,9 @@ private:
 
   /// `for_host`: the block must be ready for the host and every stream when this returns (the synchronous
   /// allocate): a reused block is waited for, a handed-over one too.
-  void* allocate_on(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id, bool for_host)
+  /// `capture_checked`: the caller already asked whether the stream captures (once per call is enough).
+  void* allocate_on(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id, bool for_host,
+                    bool capture_checked = false)
   {
     if (bytes > largest_cached) return policy_.allocate(bytes, alignment);  // fails there, naming the policy
     const shape sh = shape_of(bytes, alignment);
@@ -445,13 +447,14 @@ private:
       }
       return hand_out(n);
     }
-    return allocate_on_miss(sh, stream, s, for_host);
+    return allocate_on_miss(sh, stream, s, for_host, capture_checked);
   }
 
-  void deallocate_on(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id) noexcept
+  void deallocate_on(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, std::uint64_t id,
+                     bool capture_checked = false) noexcept
   {
     const shape sh = shape_of(bytes, alignment);
-    if (opts_.check_capture && capturing_or_unknown(stream)) {
+    if (opts_.check_capture && !capture_checked && capturing_or_unknown(stream)) {
       abandon(sh);
       return;
     }
@@ -811,9 +814,9 @@ private:
 
   /// Blocks go back to the policy as soon as they are known safe (checked here, at every miss), so they
   /// merge before the policy is asked; set-aside synchronous frees are waited for before the policy grows.
-  void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host)
+  void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host, bool capture_checked)
   {
-    if (opts_.check_capture && captures(stream)) refuse_capture("an allocation missed its stream's cache");
+    if (opts_.check_capture && !capture_checked && captures(stream)) refuse_capture("an allocation missed its stream's cache");
     ++counters_.misses;
     if (events_pending_ > 0) reap_all(s);
     make_policy_safe_for(s, stream, for_host);
