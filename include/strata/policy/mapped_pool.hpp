@@ -60,7 +60,7 @@ public:
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
   };
   // The defaults are the best trade found replaying bench/traces (docs/memory.md): one percent of idle memory
-  // and mappings of at most 32 MiB keep every trace within 1-3% of its live peak at a few thousand driver
+  // and mappings of at most 32 MiB keep every trace within 1-5% of its live peak at a few thousand driver
   // calls; a larger slack or mapping trades memory for fewer calls.
 
   explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
