@@ -59,6 +59,21 @@ private:
   int previous_ = -1;
 };
 
+/// A driver function through the runtime's entry-point table (no link to libcuda, so a program without a GPU
+/// or driver still loads): F is the function's pointer type; null where the driver lacks it.
+template <class F>
+F driver_entry_point(const char* name) noexcept
+{
+  void* symbol = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    clear_last_error();
+    return nullptr;
+  }
+  return reinterpret_cast<F>(symbol);
+}
+
 inline int current_device()
 {
   int device = 0;

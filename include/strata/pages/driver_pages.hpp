@@ -49,14 +49,7 @@ private:
   template <class F>
   static void find(F& fn, const char* name) noexcept
   {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion(name, &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      clear_last_error();
-      return;
-    }
-    fn = reinterpret_cast<F>(symbol);
+    fn = driver_entry_point<F>(name);
   }
   static vmm_driver load() noexcept
   {

@@ -50,21 +50,12 @@ private:
 
 namespace detail {
 
-/// The driver's cuStreamGetId, reached through the runtime's entry-point table (no link to libcuda): it skips
-/// the runtime's own layer, about half the cost of cudaStreamGetId. Null where the driver lacks it.
+/// The driver's cuStreamGetId (through the runtime's entry-point table): it skips the runtime's own layer,
+/// about half the cost of cudaStreamGetId. Null where the driver lacks it.
 using stream_id_fn = int (*)(cudaStream_t, unsigned long long*);
 inline stream_id_fn driver_stream_id() noexcept
 {
-  static const stream_id_fn fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamGetId", &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      clear_last_error();
-      return stream_id_fn{nullptr};
-    }
-    return reinterpret_cast<stream_id_fn>(symbol);
-  }();
+  static const auto fn = driver_entry_point<stream_id_fn>("cuStreamGetId");
   return fn;
 }
 
@@ -72,16 +63,7 @@ inline stream_id_fn driver_stream_id() noexcept
 using is_capturing_fn = int (*)(cudaStream_t, int*);
 inline is_capturing_fn driver_is_capturing() noexcept
 {
-  static const is_capturing_fn fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &symbol, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      clear_last_error();
-      return is_capturing_fn{nullptr};
-    }
-    return reinterpret_cast<is_capturing_fn>(symbol);
-  }();
+  static const auto fn = driver_entry_point<is_capturing_fn>("cuStreamIsCapturing");
   return fn;
 }
 
