@@ -818,6 +818,10 @@ private:
   {
     if (opts_.check_capture && !capture_checked && captures(stream)) refuse_capture("an allocation missed its stream's cache");
     ++counters_.misses;
+    // The owner alone with the policy (one stream, nothing pending, nothing cached or set aside): nothing to
+    // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
+    if (!for_host && &s == owner_ && events_pending_ == 0 && cached_blocks_ == 0 && deferred_.empty())
+      return policy_.allocate(sh.request, sh.align);
     if (events_pending_ > 0) reap_all(s);
     make_policy_safe_for(s, stream, for_host);
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
