@@ -170,7 +170,8 @@ public:
             .chunks = mappings_live_, .used_blocks = used_.size(), .free_blocks = bands_[0].free.count() + bands_[1].free.count()};
   }
 
-  /// Each address range up to its highest page ever touched, with its blocks (the last free block clipped).
+  /// Each address range up to the end of its page table (the highest page touched, rounded up as the table
+  /// doubles), with its blocks (the last free block clipped there).
   strata::snapshot snapshot() const
   {
     strata::snapshot s{.box = "mapped_pool", .segments = {}};
