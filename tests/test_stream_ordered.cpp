@@ -663,11 +663,7 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
         const block b = live[i];
         live[i] = live.back();
         live.pop_back();
-        for (std::size_t k = 0; k < overlap.size(); ++k)
-          if (overlap.blocks()[k].p == b.p) {
-            overlap.take(k);
-            break;
-          }
+        REQUIRE(overlap.remove(b.p));
         // Mostly freed on the allocating stream, sometimes on another (the user ordered them), sometimes
         // synchronously (after work on any stream).
         const int how = percent(rng);

@@ -36,6 +36,21 @@ void check_still_usable(R& r)
   r.deallocate(p, 1000, default_alignment);
 }
 
+/// DESIGN rule 6 for a pool over a spy: moving hands the blocks over, the moved-from pool reports nothing
+/// held and serves again (its blocks are its own, not the new owner's).
+template <class Pool>
+void check_move_leaves_empty_usable(Pool a)
+{
+  void* p = a.allocate(1000);
+  Pool b(std::move(a));
+  CHECK(a.usage() == strata::usage{});  // NOLINT(bugprone-use-after-move): the rule under test
+  void* q = a.allocate(1000);
+  CHECK(a.owns(q));
+  CHECK_FALSE(b.owns(q));
+  a.deallocate(q, 1000);
+  b.deallocate(p, 1000);
+}
+
 template <class R>
 void check_conformance(R& r, const conformance_limits& limits)
 {

@@ -199,11 +199,7 @@ std::size_t replay(Make& make, Calls& calls, const std::vector<scripted_op>& scr
         const auto [b, at] = live[i];
         live[i] = live.back();
         live.pop_back();
-        for (std::size_t k = 0; k < overlap.size(); ++k)
-          if (overlap.blocks()[k].p == b.p) {
-            overlap.take(k);
-            break;
-          }
+        REQUIRE(overlap.remove(b.p));
         calls.deallocate(*box, b.p, b.bytes, b.alignment, at);
         continue;
       }

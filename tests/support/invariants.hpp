@@ -55,6 +55,17 @@ public:
     return b;
   }
 
+  /// Forgets the block at p (a free the test made by other means); false if none is live there.
+  bool remove(const void* p)
+  {
+    for (std::size_t k = 0; k < blocks_.size(); ++k)
+      if (blocks_[k].p == p) {
+        take(k);
+        return true;
+      }
+    return false;
+  }
+
   std::size_t size() const noexcept { return blocks_.size(); }
   const std::vector<live_block>& blocks() const noexcept { return blocks_; }
 
