@@ -66,9 +66,12 @@ TEST_CASE("mapped_pool conforms")
 
 TEST_CASE("mapped_pool: randomized, every live byte on mapped memory, usage exact, everything back at the end")
 {
-  for (const bool log_uniform : {true, false}) {
+  // The defaults, then mappings that always reach ahead and split often (runs of 2-8 pages).
+  const pool_t::options eager{.max_mapping = 16 * mib, .min_mapping = 12 * mib, .min_mapping_fraction = 1.0};
+  for (const auto& [log_uniform, opts] : {std::pair{true, pool_t::options{}}, std::pair{false, pool_t::options{}}, std::pair{true, eager}}) {
     CAPTURE(log_uniform);
-    pool_t pool;
+    CAPTURE(opts.min_mapping);
+    pool_t pool{simulated_pages{}, opts};
     std::mt19937_64 rng(log_uniform ? 7 : 8);
     std::uniform_real_distribution<double> log_size(0, std::log2(64.0 * mib));
     std::uniform_int_distribution<std::size_t> uniform_size(1, 8 * mib);
@@ -128,6 +131,66 @@ TEST_CASE("mapped_pool: physical memory follows the live blocks, not the address
   CHECK(pool.release() == 24 * mib);
   CHECK(pool.page_calls().synchronizes == 2);
   CHECK(pool.backend().bytes_alive() == 0);
+}
+
+TEST_CASE("mapped_pool: idle memory goes back only to keep the pool under its high-water mark; release() lowers the mark")
+{
+  pool_t pool{simulated_pages{}, {.min_mapping = 0}};
+  void* a = pool.allocate(16 * mib);
+  void* b = pool.allocate(16 * mib);
+  pool.deallocate(a, 16 * mib);
+  // 20 MiB fits no hole: new memory would lift the pool from 32 to 52 MiB, while the 36 MiB live afterwards
+  // need only 36: the idle 16 MiB go back first (one wait), and the pool holds exactly its new high-water mark.
+  void* c = pool.allocate(20 * mib);
+  CHECK(pool.page_calls().synchronizes == 1);
+  CHECK(pool.page_calls().unmaps == 1);
+  CHECK(pool.physical_bytes() == 36 * mib);
+  CHECK(pool.peak_physical_bytes() == 36 * mib);
+  pool.deallocate(c, 20 * mib);
+  CHECK(pool.idle_bytes() == 20 * mib);  // no growth since: kept, and reused in place
+  void* d = pool.allocate(18 * mib);
+  CHECK(d == c);
+  CHECK(pool.page_calls().creates == 3);
+  pool.deallocate(d, 18 * mib);
+  CHECK(pool.release() == 20 * mib);
+  CHECK(pool.physical_bytes() == 16 * mib);
+  // The mark is now 16 MiB: growing to 20 again is growth, and the pool has nothing idle to give back.
+  void* e = pool.allocate(4 * mib);
+  CHECK(pool.physical_bytes() == 20 * mib);
+  CHECK(pool.page_calls().unmaps == 2);  // release()'s only
+  for (auto [p, n] : {std::pair{b, 16 * mib}, std::pair{e, 4 * mib}}) pool.deallocate(p, n);
+  CHECK(pool.release() == 20 * mib);
+  CHECK(pool.backend().bytes_alive() == 0);
+}
+
+TEST_CASE("mapped_pool: a mapping at the edge reaches ahead to min_mapping, never past the cap")
+{
+  const pool_t::options ahead{.max_mapping = 32 * mib, .min_mapping = 8 * mib, .min_mapping_fraction = 0.5};
+  pool_t pool{simulated_pages{}, ahead};
+  void* big = pool.allocate(16 * mib);  // nothing held yet: half of nothing is no page ahead
+  CHECK(pool.physical_bytes() == 16 * mib);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(2 * mib));
+  CHECK(pool.page_calls().creates == 2);  // one 8 MiB mapping serves all four
+  CHECK(pool.physical_bytes() == 24 * mib);
+  CHECK(pool.live_page_bytes() == 24 * mib);
+  for (void* p : blocks) CHECK(pool.backend().is_usable(reinterpret_cast<std::uintptr_t>(p), 2 * mib));
+  blocks.push_back(pool.allocate(2 * mib));  // the next run reaches ahead again
+  CHECK(pool.page_calls().creates == 3);
+  CHECK(pool.physical_bytes() == 32 * mib);
+  for (void* p : blocks) pool.deallocate(p, 2 * mib);
+  pool.deallocate(big, 16 * mib);
+  CHECK(pool.live_page_bytes() == 0);
+  CHECK(pool.peak_live_page_bytes() == 26 * mib);
+
+  // Under a cap of 20 MiB the pages ahead would pass it: the pool maps what each block needs and no more.
+  pool_t capped{simulated_pages{}, {.max_physical = 20 * mib, .max_mapping = 32 * mib, .min_mapping = 8 * mib, .min_mapping_fraction = 0.5}};
+  void* p = capped.allocate(16 * mib);
+  void* q = capped.allocate(2 * mib);
+  void* r = capped.allocate(2 * mib);
+  CHECK(capped.physical_bytes() == 20 * mib);
+  CHECK_THROWS_AS((void)capped.allocate(2 * mib), out_of_memory);
+  for (auto [x, n] : {std::pair{p, 16 * mib}, std::pair{q, 2 * mib}, std::pair{r, 2 * mib}}) capped.deallocate(x, n);
 }
 
 TEST_CASE("mapped_pool: small blocks share pages; a block spanning pages is wholly usable")
@@ -220,7 +283,8 @@ TEST_CASE("mapped_pool: a failed driver call anywhere leaves the pool exactly as
             ++successes;
           } catch (const std::exception&) {
             ++failures;
-            REQUIRE(figures_of(pool) == before);  // no cap here: nothing is reclaimed before a failure
+            // Idle memory given back to stay under the high-water mark stays given back; nothing else moves.
+            check_unchanged_but_idle(before, pool);
           }
         } else {
           const auto b = live.take(rng() % live.size());
@@ -252,6 +316,7 @@ TEST_CASE("mapped_pool: bad options are std::invalid_argument")
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_physical = mib}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_mapping = 4096}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_slack_fraction = 2.0}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.min_mapping_fraction = -0.5}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.placement_candidates = 0}), std::invalid_argument);
   CHECK_THROWS_AS(simulated_pages(3 * mib), std::invalid_argument);  // not a power-of-two page
 }

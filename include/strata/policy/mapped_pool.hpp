@@ -29,21 +29,27 @@ namespace strata {
 /// managed as one TLSF pool whose free blocks merge across page boundaries, so a range never fragments into
 /// chunks the way cudaMalloc'd chunks do. Physical memory stands only behind pages that live blocks touch:
 /// when a block lands on pages with nothing behind them, each run of such pages gets one physical allocation
-/// of exactly its size (one create, one map, one access call: the driver charges per call, not per byte).
-/// A mapping whose blocks are all freed stays mapped ("idle": reused in place at no cost) until idle memory
-/// passes the slack (`reclaim_slack` bytes, or `reclaim_slack_fraction` of the memory held); then the pool waits once for the device and unmaps and releases idle mappings,
-/// those idle longest first, until half the slack is left (batch reclaim: one host wait for many mappings,
-/// never a wait per mapping, and unmapping never races work still using the memory). Blocks are placed
-/// where pages are already mapped when one of the first `placement_candidates` free blocks that fit allows.
+/// (one create, one map, one access call: the driver charges per call, not per byte), of the run's size or,
+/// at the edge of the mapped memory, extended over the free pages after it to `min_mapping` (at most
+/// `min_mapping_fraction` of the memory held), and split at `max_mapping`.
+/// A mapping whose blocks are all freed stays mapped ("idle": reused in place at no cost). Only the peak
+/// counts against the program, so idle memory is given back only when a new mapping would lift the memory
+/// held above its high-water mark (and above the live bytes plus `reclaim_slack`, or `reclaim_slack_fraction`
+/// of them): then the pool waits once for the device and unmaps and releases idle mappings, those idle
+/// longest first, until the new one fits under that mark (one host wait for a batch of mappings, never a
+/// wait per mapping, and unmapping never races work still using the memory). Blocks are placed where pages
+/// are already mapped when one of the first `placement_candidates` free blocks that fit allows.
 /// A physical cap (`max_physical`) bounds what the pool holds; past it, idle mappings are reclaimed before
-/// out_of_memory. release() reclaims every idle mapping (what empty_cache does). Block headers and page
-/// states live in host memory; the memory handed out is never touched.
+/// out_of_memory. release() reclaims every idle mapping (what empty_cache does) and lowers the high-water
+/// mark to what is left. Block headers and page states live in host memory; the memory handed out is never
+/// touched.
 ///
 /// Backend: driver_pages (the CUDA driver, device memory) or simulated_pages (a pretend device, for tests
 /// and planning). Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's
 /// properties. Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the
 /// pages the block touches (one or two for small blocks) and a bounded placement search; a new mapping costs
-/// three driver calls, a reclaim one device wait and two driver calls per mapping reclaimed. Unsynchronized.
+/// three driver calls, a reclaim one device wait and two driver calls per mapping reclaimed (a scan of the
+/// idle mappings). Unsynchronized.
 /// Move-only; the address ranges are reserved on first use.
 template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
@@ -54,14 +60,17 @@ public:
     std::size_t max_physical = SIZE_MAX;                ///< never hold more physical memory than this
     std::size_t small_limit = std::size_t{1} << 20;     ///< requests up to this share one address range
     std::size_t address_space = std::size_t{1} << 38;   ///< bytes reserved for each of the two ranges
-    std::size_t reclaim_slack = 0;                      ///< idle mapped bytes kept before a reclaim...
-    double reclaim_slack_fraction = 0.01;               ///< ... or this share of the physical memory held, if more
-    std::size_t max_mapping = std::size_t{32} << 20;    ///< the largest physical allocation (a multiple of the page)
+    std::size_t reclaim_slack = 0;                      ///< held bytes allowed above the live bytes before idle memory goes back (SIZE_MAX: never)...
+    double reclaim_slack_fraction = 0.0;                ///< ... or this share of the live bytes, if more
+    std::size_t max_mapping = std::size_t{64} << 20;    ///< the largest physical allocation (a multiple of the page)
+    std::size_t min_mapping = std::size_t{8} << 20;     ///< a mapping at the edge of mapped memory takes free pages after it up to this...
+    double min_mapping_fraction = 1.0 / 256;            ///< ... but no more than this share of the memory held
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
   };
-  // The defaults are the best trade found replaying bench/traces (docs/memory.md): one percent of idle memory
-  // and mappings of at most 32 MiB keep every trace within 1-5% of its live peak at a few thousand driver
-  // calls; a larger slack or mapping trades memory for fewer calls.
+  // The defaults are the best trade found replaying bench/traces (docs/memory.md, bench/mapped_variants):
+  // reclaiming only at the high-water mark and mappings of 8-64 MiB cut the driver calls per operation
+  // 2-40x against reclaiming idle memory past 1% and 32 MiB mappings, holding the same memory or less.
+  // Smaller mappings follow the live set more closely at more calls; larger ones the reverse.
 
   explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
   mapped_pool(Backend backend, options opts) : backend_(std::move(backend)), opts_(opts)
@@ -73,9 +82,10 @@ public:
     if (opts.max_physical < page)
       throw std::invalid_argument("mapped_pool: max_physical " + std::to_string(opts.max_physical) + " is less than one page of " +
                                   std::to_string(page) + " bytes");
-    if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0))
+    if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0) ||
+        !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0))
       throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
-                                  "reclaim_slack_fraction within [0, 1]");
+                                  "reclaim_slack_fraction and min_mapping_fraction within [0, 1]");
   }
 
   mapped_pool(mapped_pool&& other) noexcept : backend_(std::move(other.backend_)), opts_(other.opts_) { take(other); }
@@ -160,6 +170,7 @@ public:
   {
     const std::size_t before = physical_;
     if (idle_bytes_ > 0) reclaim(nullptr, 0, 0, SIZE_MAX);
+    high_water_ = physical_;  // asked to give memory back: growing to the old peak again is growth
     return before - physical_;
   }
 
@@ -192,10 +203,18 @@ public:
   std::size_t peak_physical_bytes() const noexcept { return peak_physical_; }
   /// Physical memory mapped behind no live block (reused in place, or reclaimed).
   std::size_t idle_bytes() const noexcept { return idle_bytes_; }
+  /// The pages live blocks touch now, and at most: what page-granular memory would hold at the least, the
+  /// floor under physical_bytes() whatever the mapping sizes.
+  std::size_t live_page_bytes() const noexcept { return live_pages_ * page_size(); }
+  std::size_t peak_live_page_bytes() const noexcept { return peak_live_pages_ * page_size(); }
   std::size_t mappings() const noexcept { return mappings_live_; }
   /// Driver calls made so far (creates, maps, unmaps, device waits...).
   const page_counters& page_calls() const noexcept { return backend_.counts(); }
-  void reset_peak() noexcept { peak_physical_ = physical_; }
+  void reset_peak() noexcept
+  {
+    peak_physical_ = physical_;
+    peak_live_pages_ = live_pages_;
+  }
 
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
@@ -289,12 +308,11 @@ private:
     const std::uintptr_t start = align_address(b->address, align);
     block* front = start > b->address ? nodes_.make() : nullptr;
     block* tail = nullptr;
-    bool grew = false;
     try {
       if (start + size < b->address + b->size) tail = nodes_.make();
       used_.insert(reinterpret_cast<void*>(start), b);
       try {
-        grew = hold_pages(bd, page_of(bd, start), page_of(bd, start + size - 1), bytes);
+        hold_pages(bd, {page_of(bd, start), page_of(bd, start + size - 1), page_of(bd, b->address + b->size - 1)}, bytes, in_use_ + size);
       } catch (...) {
         used_.erase(reinterpret_cast<void*>(start));
         throw;
@@ -306,20 +324,7 @@ private:
     }
     carve(bd, b, start, size, front, tail);
     in_use_ += size;
-    if (grew) trim_idle();
     return reinterpret_cast<void*>(start);
-  }
-
-  /// After the pool grew: idle memory past the slack goes back, down to half the slack. Best effort: the
-  /// allocation has succeeded, so a failed wait or unmap only leaves idle memory for a later attempt.
-  void trim_idle() noexcept
-  {
-    const std::size_t slack = std::max(opts_.reclaim_slack, static_cast<std::size_t>(opts_.reclaim_slack_fraction * static_cast<double>(physical_)));
-    if (idle_bytes_ <= slack) return;
-    try {
-      reclaim(nullptr, 0, 0, idle_bytes_ - slack / 2);
-    } catch (...) {
-    }
   }
 
   std::size_t unmapped_pages(const band& bd, std::uintptr_t start, std::size_t size) const noexcept
@@ -371,11 +376,20 @@ private:
     nodes_.recycle(n);
   }
 
-  /// Puts physical memory behind pages [first, last] of bd and counts one more live block on each; true when
-  /// it had to map new memory. On failure every page is as it was, except that idle memory reclaimed to
-  /// stay under the cap stays reclaimed (no live block moves; only `reserved` can be lower).
-  bool hold_pages(band& bd, std::size_t first, std::size_t last, std::size_t bytes)
+  /// The pages a new block touches, [first, last], and the last page of the free block it is cut from (the
+  /// farthest a new mapping may reach ahead).
+  struct page_span {
+    std::size_t first;
+    std::size_t last;
+    std::size_t reach;
+  };
+
+  /// Puts physical memory behind the span's pages and counts one more live block on each. `live_after`: the
+  /// pool's live bytes once the block is handed out. On failure every page is as it was, except that idle
+  /// memory reclaimed to make room stays reclaimed (no live block moves; only `reserved` can be lower).
+  void hold_pages(band& bd, page_span span, std::size_t bytes, std::size_t live_after)
   {
+    const std::size_t first = span.first, last = span.last;
     if (last >= bd.pages.size()) grow_page_table(bd, last + 1);
     std::size_t unmapped = 0, idle_in_range = 0;
     std::uint32_t previous = no_mapping;
@@ -385,22 +399,50 @@ private:
       else if (m != previous && mappings_[m].idle) idle_in_range += bytes_of(mappings_[m]);
       previous = m;
     }
-    if (unmapped > 0) map_runs(bd, first, last, unmapped * page_size(), idle_in_range, bytes);
+    if (unmapped > 0) {
+      std::size_t ahead = pages_ahead(bd, span);
+      if (physical_ + (unmapped + ahead) * page_size() > opts_.max_physical) ahead = 0;  // never refuse for pages not asked for
+      map_runs(bd, first, last + ahead, (unmapped + ahead) * page_size(), idle_in_range, bytes, live_after);
+    }
     for (std::size_t p = first; p <= last; ++p) {
       if (bd.pages[p].live++ != 0) continue;
+      peak_live_pages_ = std::max(peak_live_pages_, ++live_pages_);
       mapping& m = mappings_[bd.pages[p].mapping];
       if (m.busy++ == 0 && m.idle) {
         m.idle = false;
         idle_bytes_ -= bytes_of(m);
       }
     }
-    return unmapped > 0;
+  }
+
+  /// How many free, unmapped pages after the span to map with its last run, so that the run reaches
+  /// min(min_mapping, min_mapping_fraction of the memory held): growing a page at a time costs a driver round
+  /// trip per page, and the pages ahead are where the next blocks land. The run stays within max_mapping, so
+  /// the pages ahead share a mapping with live pages (never a mapping no block touches, which nothing would
+  /// reclaim). May grow the page table (strong guarantee: entries with nothing behind them).
+  std::size_t pages_ahead(band& bd, page_span span)
+  {
+    if (bd.pages[span.last].mapping != no_mapping || span.reach <= span.last) return 0;
+    const std::size_t page = page_size();
+    const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page);
+    const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(physical_));
+    const std::size_t want = std::min({opts_.min_mapping, share, opts_.max_mapping}) / page;
+    std::size_t trailing = 0;  // the unmapped run ending at the span's last page, split at max_run from its start
+    for (std::size_t p = span.last + 1; p-- > span.first && bd.pages[p].mapping == no_mapping;) ++trailing;
+    const std::size_t last_run = (trailing - 1) % max_run + 1;
+    if (last_run >= want) return 0;
+    const std::size_t extra = std::min(want - last_run, span.reach - span.last);
+    if (span.last + extra >= bd.pages.size()) grow_page_table(bd, span.last + extra + 1);
+    std::size_t n = 0;
+    while (n < extra && bd.pages[span.last + 1 + n].mapping == no_mapping) ++n;
+    return n;
   }
 
   void let_go_pages(band& bd, std::size_t first, std::size_t last) noexcept
   {
     for (std::size_t p = first; p <= last; ++p) {
       if (--bd.pages[p].live != 0) continue;
+      --live_pages_;
       const std::uint32_t slot = bd.pages[p].mapping;
       mapping& m = mappings_[slot];
       if (--m.busy != 0) continue;
@@ -439,12 +481,15 @@ private:
   }
 
   /// Maps every run of unmapped pages in [first, last], one physical allocation per run (split at
-  /// max_mapping). First, when the cap would be passed, idle memory elsewhere is reclaimed to make room.
-  void map_runs(band& bd, std::size_t first, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes)
+  /// max_mapping). First, when the new memory would lift the pool above its budget (the cap, and the
+  /// high-water mark unless the live bytes and their slack are above it), idle memory elsewhere is reclaimed
+  /// to make room.
+  void map_runs(band& bd, std::size_t first, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes,
+                std::size_t live_after)
   {
     const std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
-    if (physical_ + needed > opts_.max_physical && idle_elsewhere > 0)
-      reclaim(&bd, first, last, physical_ + needed - opts_.max_physical);
+    const std::size_t budget = std::min(opts_.max_physical, std::max(high_water_, with_slack(live_after)));
+    if (physical_ + needed > budget && idle_elsewhere > 0) reclaim(&bd, first, last, physical_ + needed - budget);
     if (physical_ + needed > opts_.max_physical)
       throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
     const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page_size());
@@ -466,6 +511,13 @@ private:
       for (std::uint32_t slot : made) drop_mapping(slot);
       throw;
     }
+  }
+
+  std::size_t with_slack(std::size_t live) const noexcept
+  {
+    const double share = opts_.reclaim_slack_fraction * static_cast<double>(live);
+    const std::size_t slack = std::max(opts_.reclaim_slack, share >= 1.8e19 ? SIZE_MAX : static_cast<std::size_t>(share));
+    return live > SIZE_MAX - slack ? SIZE_MAX : live + slack;
   }
 
   /// One physical allocation behind pages [first, first + count): create, map, set access; all or nothing.
@@ -504,6 +556,7 @@ private:
     ++mappings_live_;
     physical_ += bytes;
     peak_physical_ = std::max(peak_physical_, physical_);
+    high_water_ = std::max(high_water_, physical_);
     return slot;
   }
 
@@ -615,7 +668,7 @@ private:
     idle_.clear();
     idle_head_ = 0;
     used_.clear();
-    physical_ = idle_bytes_ = in_use_ = mappings_live_ = 0;
+    physical_ = idle_bytes_ = in_use_ = mappings_live_ = high_water_ = live_pages_ = 0;
   }
 
   void take(mapped_pool& other) noexcept
@@ -630,6 +683,9 @@ private:
     idle_head_ = std::exchange(other.idle_head_, 0);
     physical_ = std::exchange(other.physical_, 0);
     peak_physical_ = std::exchange(other.peak_physical_, 0);
+    high_water_ = std::exchange(other.high_water_, 0);
+    live_pages_ = std::exchange(other.live_pages_, 0);
+    peak_live_pages_ = std::exchange(other.peak_live_pages_, 0);
     idle_bytes_ = std::exchange(other.idle_bytes_, 0);
     in_use_ = std::exchange(other.in_use_, 0);
     mappings_live_ = std::exchange(other.mappings_live_, 0);
@@ -646,7 +702,10 @@ private:
   std::size_t idle_head_ = 0;
   std::size_t physical_ = 0;
   std::size_t peak_physical_ = 0;
+  std::size_t high_water_ = 0;              ///< the most held since the last release(): reclaiming below it gains nothing
   std::size_t idle_bytes_ = 0;
+  std::size_t live_pages_ = 0;              ///< pages some live block touches
+  std::size_t peak_live_pages_ = 0;
   std::size_t in_use_ = 0;
   std::size_t mappings_live_ = 0;
 };

@@ -1,0 +1,147 @@
+// The design points of mapped_pool side by side: every trace in bench/traces replayed through each variant of
+// its options, and what each costs in memory (peak held / peak live at sizes x0.9, x1.0, x1.1) and in driver
+// calls (maps and unmaps per 1000 operations at x1.0, the figures that set its speed on a GPU: each mapping
+// is a cuMemCreate + cuMemMap + cuMemSetAccess round trip of ~45 us, each unmapping a cuMemUnmap +
+// cuMemRelease of ~30 us, whatever the size; bench/vmm_costs). The last column is the floor no page-mapped
+// pool can go under with this placement: the most 2 MiB pages live blocks ever touched, over peak live.
+//   mapped_variants [TRACE_DIR]            simulated pages, no GPU needed (x0.9 / x1.0 / x1.1)
+//   mapped_variants --device [TRACE_DIR]   driver_pages on the current GPU, x1.0, ns per operation counted
+// Prints a Markdown table. TRACE_DIR defaults to bench/traces (run from the repository root).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <strata/pages/driver_pages.hpp>
+#include <strata/pages/simulated_pages.hpp>
+#include <strata/policy/mapped_pool.hpp>
+#include "replay_driver.hpp"
+#include "trace.hpp"
+
+namespace {
+
+using namespace strata;
+using bench::trace_event;
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+template <class Backend>
+struct variant {
+  const char* name;
+  typename mapped_pool<Backend>::options options;
+};
+
+/// The variants compared in docs/memory.md; the first is the default. Each changes one thing or two.
+template <class Backend>
+std::vector<variant<Backend>> variants()
+{
+  using opts = typename mapped_pool<Backend>::options;
+  return {
+      {"defaults: reclaim at the high-water mark, mappings 8-64 MiB", opts{}},
+      {"no map-ahead (mappings sized to the run, up to 64 MiB)", opts{.min_mapping = 0}},
+      {"mappings up to 32 MiB, no map-ahead", opts{.max_mapping = 32 * mib, .min_mapping = 0}},
+      {"mappings 16-128 MiB (map-ahead not bounded by the memory held)", opts{.max_mapping = 128 * mib, .min_mapping = 16 * mib, .min_mapping_fraction = 1.0}},
+      {"page by page (2 MiB mappings)", opts{.max_mapping = 2 * mib, .min_mapping = 0}},
+      {"1% slack above live before reclaiming", opts{.reclaim_slack_fraction = 0.01}},
+      {"64 placement candidates", opts{.placement_candidates = 64}},
+      {"never reclaims (like expandable segments)", opts{.reclaim_slack = SIZE_MAX}},
+  };
+}
+
+void scale_sizes(std::vector<trace_event>& events, double factor)  // as bench/replay --scale does
+{
+  for (auto& e : events) {
+    const auto scaled = static_cast<std::size_t>(static_cast<double>(e.bytes) * factor + 0.5);
+    e.bytes = std::max<std::size_t>(512, (scaled + 511) / 512 * 512);
+  }
+}
+
+struct outcome {
+  bench::replay_result r;
+  page_counters calls;
+  std::size_t peak_live_pages = 0;
+};
+
+template <class Backend, class Make>
+outcome replay_variant(const variant<Backend>& v, const std::vector<trace_event>& events, Make make_backend)
+{
+  mapped_pool<Backend> pool{make_backend(), v.options};
+  outcome o{bench::replay_with(v.name, pool, [&] { return pool.physical_bytes(); }, events), {}, 0};
+  o.calls = pool.page_calls();
+  o.peak_live_pages = pool.peak_live_page_bytes();
+  return o;
+}
+
+template <class Backend, class Make>
+int run(const std::string& dir, const std::vector<double>& scales, Make make_backend)
+{
+  const char* traces[] = {"bert_train_varlen", "llama_generate", "resnet50_train", "vit_train_2streams"};
+  std::vector<std::vector<trace_event>> loaded;
+  for (const char* t : traces) loaded.push_back(bench::read_trace(dir + "/" + t + ".csv.gz"));
+  std::printf("| variant |");
+  for (const char* t : traces) std::printf(" %s: held/live x%s; maps/unmaps per 1000 ops; ns/op |", t, scales.size() > 1 ? "0.9/1.0/1.1" : "1.0");
+  std::printf(" worst | page floor (x1.0) |\n|---|");
+  for (std::size_t i = 0; i <= std::size(traces) + 1; ++i) std::printf("---|");
+  std::printf("\n");
+  int failures = 0;
+  for (const auto& v : variants<Backend>()) {
+    std::printf("| %s |", v.name);
+    double worst = 0;
+    std::string floors;
+    for (std::size_t t = 0; t < loaded.size(); ++t) {
+      std::string ratios, calls;
+      for (double scale : scales) {
+        std::vector<trace_event> events = loaded[t];
+        if (scale != 1.0) scale_sizes(events, scale);
+        const outcome o = replay_variant(v, events, make_backend);
+        if (o.r.failed) {
+          ++failures;
+          std::fprintf(stderr, "%s on %s x%g failed: %s\n", v.name, traces[t], scale, o.r.failure.c_str());
+          ratios += ratios.empty() ? "failed" : " / failed";
+          continue;
+        }
+        worst = std::max(worst, o.r.ratio());
+        char cell[96];
+        std::snprintf(cell, sizeof cell, "%s%.3f", ratios.empty() ? "" : " / ", o.r.ratio());
+        ratios += cell;
+        if (scale == 1.0) {
+          std::snprintf(cell, sizeof cell, "; %.1f / %.1f; %.0f", o.r.per_1000_ops(o.calls.maps), o.r.per_1000_ops(o.calls.unmaps), o.r.ns_per_op);
+          calls = cell;
+          std::snprintf(cell, sizeof cell, "%s%.3f", floors.empty() ? "" : " / ",
+                        static_cast<double>(o.peak_live_pages) / static_cast<double>(std::max<std::size_t>(o.r.peak_live, 1)));
+          floors += cell;
+        }
+      }
+      std::printf(" %s%s |", ratios.c_str(), calls.c_str());
+    }
+    std::printf(" %.3f | %s |\n", worst, floors.c_str());
+    std::fflush(stdout);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  bool device = false;
+  std::string dir = "bench/traces";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--device") device = true;
+    else dir = arg;
+  }
+  try {
+    if (!device) return run<simulated_pages>(dir, {0.9, 1.0, 1.1}, [] { return simulated_pages{}; });
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      std::fprintf(stderr, "mapped_variants: --device needs a GPU, and none is present\n");
+      return 1;
+    }
+    return run<driver_pages>(dir, {1.0}, [] { return driver_pages{}; });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mapped_variants: %s\n", e.what());
+    return 1;
+  }
+}
