@@ -4,6 +4,8 @@
 // is a cuMemCreate + cuMemMap + cuMemSetAccess round trip of ~45 us, each unmapping a cuMemUnmap +
 // cuMemRelease of ~30 us, whatever the size; bench/vmm_costs). The last column is the floor no page-mapped
 // pool can go under with this placement: the most 2 MiB pages live blocks ever touched, over peak live.
+// The last rows put a size-class front (segregator + size_class_pool, the random-allocation benchmark's
+// fast path) before the default pool, to show what it costs in memory.
 //   mapped_variants [TRACE_DIR]            simulated pages, no GPU needed (x0.9 / x1.0 / x1.1)
 //   mapped_variants --device [TRACE_DIR]   driver_pages on the current GPU, x1.0, ns per operation counted
 // Prints a Markdown table. TRACE_DIR defaults to bench/traces (run from the repository root).
@@ -14,9 +16,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <strata/adaptor/segregator.hpp>
+#include <strata/core/ref.hpp>
 #include <strata/pages/driver_pages.hpp>
 #include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>
 #include "replay_driver.hpp"
 #include "trace.hpp"
 
@@ -26,10 +31,14 @@ using namespace strata;
 using bench::trace_event;
 constexpr std::size_t mib = std::size_t{1} << 20;
 
+/// Requests up to this size go to a size_class_pool whose slabs come from the mapped pool (0: no front).
+enum class front : std::size_t { none = 0, classes_64k = std::size_t{64} << 10, classes_1m = std::size_t{1} << 20 };
+
 template <class Backend>
 struct variant {
   const char* name;
   typename mapped_pool<Backend>::options options;
+  front classes = front::none;
 };
 
 /// The variants compared in docs/memory.md; the first is the default. Each changes one thing or two.
@@ -46,6 +55,8 @@ std::vector<variant<Backend>> variants()
       {"1% slack above live before reclaiming", opts{.reclaim_slack_fraction = 0.01}},
       {"64 placement candidates", opts{.placement_candidates = 64}},
       {"never reclaims (like expandable segments)", opts{.reclaim_slack = SIZE_MAX}},
+      {"defaults behind size classes up to 64 KiB", opts{}, front::classes_64k},
+      {"defaults behind size classes up to 1 MiB", opts{}, front::classes_1m},
   };
 }
 
@@ -63,11 +74,29 @@ struct outcome {
   std::size_t peak_live_pages = 0;
 };
 
+/// Replays through `pool`, or through a size-class front over it.
+template <std::size_t Limit, class Pool>
+bench::replay_result replay_front(const char* name, Pool& pool, const std::vector<trace_event>& events)
+{
+  if constexpr (Limit == 0) {
+    return bench::replay_with(name, pool, [&] { return pool.physical_bytes(); }, events);
+  } else {
+    using classes = size_class_pool<ref<Pool>, Limit>;
+    segregator<Limit, classes, ref<Pool>> stack{classes{ref(pool)}, ref(pool)};
+    return bench::replay_with(name, stack, [&] { return pool.physical_bytes(); }, events);
+  }
+}
+
 template <class Backend, class Make>
 outcome replay_variant(const variant<Backend>& v, const std::vector<trace_event>& events, Make make_backend)
 {
   mapped_pool<Backend> pool{make_backend(), v.options};
-  outcome o{bench::replay_with(v.name, pool, [&] { return pool.physical_bytes(); }, events), {}, 0};
+  outcome o{};
+  switch (v.classes) {
+  case front::none: o.r = replay_front<0>(v.name, pool, events); break;
+  case front::classes_64k: o.r = replay_front<static_cast<std::size_t>(front::classes_64k)>(v.name, pool, events); break;
+  case front::classes_1m: o.r = replay_front<static_cast<std::size_t>(front::classes_1m)>(v.name, pool, events); break;
+  }
   o.calls = pool.page_calls();
   o.peak_live_pages = pool.peak_live_page_bytes();
   return o;

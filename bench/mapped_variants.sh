@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# mapped_pool's design points and the recommended stack's memory, into one folder: on any machine the
+# simulated tables (bench/mapped_variants, bench/replay_all.sh); on a GPU machine also the same variants on
+# device memory (ns per operation with real driver calls) and the GPU tests of mapped_pool and default_pool.
+#   bench/mapped_variants.sh OUT_DIR [BUILD_DIR]
+# BUILD_DIR (default build) must hold bench/mapped_variants and bench/replay (and tests/strata_gpu_tests
+# on a GPU machine). Each step's exit status goes to OUT_DIR/status.txt; the script exits 1 if any failed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+out=${1:?output folder}
+build=$(cd "${2:-build}" && pwd)
+mkdir -p "$out"
+: > "$out/status.txt"
+failed=0
+step() {  # step LABEL LOG COMMAND...: runs it from the repository root, output to LOG, status recorded
+  local label=$1 log=$2
+  shift 2
+  echo "== $label: $*"
+  (cd "$root" && "$@") > "$out/$log" 2>&1
+  local status=$?
+  echo "$label $status" >> "$out/status.txt"
+  [ $status -eq 0 ] || { failed=1; echo "   FAILED ($status), see $out/$log"; }
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/device.txt" 2>/dev/null || echo "no GPU" > "$out/device.txt"
+git -C "$root" rev-parse --short HEAD > "$out/commit.txt" 2>/dev/null
+step simulated_variants mapped_variants.md "$build/bench/mapped_variants" bench/traces
+step replays replay_all.log "$here/replay_all.sh" "$out/replays" "$build"
+if [ "$(cat "$out/device.txt")" != "no GPU" ]; then
+  step device_variants mapped_variants_device.md "$build/bench/mapped_variants" --device bench/traces
+  step gpu_tests gpu_tests.log env STRATA_REQUIRE_GPU=1 "$build/tests/strata_gpu_tests" -tc="*mapped_pool*,*default_pool*"
+fi
+cat "$out/status.txt"
+exit $failed
