@@ -51,8 +51,10 @@ std::vector<variant<Backend>> variants()
 {
   using opts = typename mapped_pool<Backend>::options;
   return {
-      {"defaults: reclaim at the high-water mark, mappings 8-64 MiB", opts{}},
-      {"no map-ahead (mappings sized to the run, up to 64 MiB)", opts{.min_mapping = 0}},
+      {"defaults: reclaim at the high-water mark, mappings 8-128 MiB", opts{}},
+      {"mappings up to 64 MiB", opts{.max_mapping = 64 * mib}},
+      {"mappings up to 256 MiB", opts{.max_mapping = 256 * mib}},
+      {"no map-ahead (mappings sized to the run, up to 128 MiB)", opts{.min_mapping = 0}},
       {"mappings up to 32 MiB, no map-ahead", opts{.max_mapping = 32 * mib, .min_mapping = 0}},
       {"mappings 16-128 MiB (map-ahead not bounded by the memory held)", opts{.max_mapping = 128 * mib, .min_mapping = 16 * mib, .min_mapping_fraction = 1.0}},
       {"page by page (2 MiB mappings)", opts{.max_mapping = 2 * mib, .min_mapping = 0}},

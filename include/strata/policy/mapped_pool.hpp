@@ -62,15 +62,16 @@ public:
     std::size_t address_space = std::size_t{1} << 38;   ///< bytes reserved for each of the two ranges
     std::size_t reclaim_slack = 0;                      ///< held bytes allowed above the live bytes before idle memory goes back (SIZE_MAX: never)...
     double reclaim_slack_fraction = 0.0;                ///< ... or this share of the live bytes, if more
-    std::size_t max_mapping = std::size_t{64} << 20;    ///< the largest physical allocation (a multiple of the page)
+    std::size_t max_mapping = std::size_t{128} << 20;   ///< the largest physical allocation (a multiple of the page)
     std::size_t min_mapping = std::size_t{8} << 20;     ///< a mapping at the edge of mapped memory takes free pages after it up to this...
     double min_mapping_fraction = 1.0 / 256;            ///< ... but no more than this share of the memory held
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
   };
   // The defaults are the best trade found replaying bench/traces (docs/memory.md, bench/mapped_variants):
-  // reclaiming only at the high-water mark and mappings of 8-64 MiB cut the driver calls per operation
-  // 2-40x against reclaiming idle memory past 1% and 32 MiB mappings, holding the same memory or less.
-  // Smaller mappings follow the live set more closely at more calls; larger ones the reverse.
+  // reclaiming only at the high-water mark and mappings of 8-128 MiB make 1.5-3.5x fewer mappings and
+  // 1.3-45x fewer unmappings than reclaiming idle memory past 1% with 32 MiB mappings, at the same memory
+  // within half a percent. Smaller mappings follow the live set more closely at more calls; larger ones the
+  // reverse (256 MiB already holds 1-2% more on bert_train_varlen).
 
   explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
   mapped_pool(Backend backend, options opts) : backend_(std::move(backend)), opts_(opts)
