@@ -68,10 +68,10 @@ public:
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
   };
   // The defaults are the best trade found replaying bench/traces (docs/memory.md, bench/mapped_variants):
-  // reclaiming only at the high-water mark and mappings of 8-128 MiB make 1.5-3.5x fewer mappings and
+  // reclaiming only at the high-water mark and mappings of 8-128 MiB make 1.5-3.7x fewer mappings and
   // 1.3-45x fewer unmappings than reclaiming idle memory past 1% with 32 MiB mappings, at the same memory
-  // within half a percent. Smaller mappings follow the live set more closely at more calls; larger ones the
-  // reverse (256 MiB already holds 1-2% more on bert_train_varlen).
+  // within half a percent but on one trace at one scale. Smaller mappings follow the live set more closely
+  // at more calls; larger ones the reverse (256 MiB already holds 1-2% more on bert_train_varlen).
 
   explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
   mapped_pool(Backend backend, options opts) : backend_(std::move(backend)), opts_(opts)
