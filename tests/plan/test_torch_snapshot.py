@@ -30,21 +30,22 @@ def event(action, addr, size, stream=0, time_us=0):
 def make_snapshot():
     """Two segments and a side stream; blocks freed with free_requested then free_completed, as PyTorch does
     when a block waits for another stream. Returns (snapshot, peak live, live at the end)."""
-    small, large = 0x7F0000000000, 0x7F0000200000
+    small, large, side = 0x7F0000000000, 0x7F0000200000, 0x7F0001600000
     trace = [
         event("segment_alloc", small, 2 * MiB),
         event("alloc", small, 512),
         event("alloc", small + 512, 4096),
         event("segment_alloc", large, 20 * MiB),
         event("alloc", large, 6 * MiB),
-        event("alloc", large + 6 * MiB, 8 * MiB, SIDE_STREAM),
+        event("segment_alloc", side, 20 * MiB, SIDE_STREAM),  # PyTorch's pools are per stream
+        event("alloc", side, 8 * MiB, SIDE_STREAM),
         event("free_requested", small, 512),
         event("free_completed", small, 512),
         event("alloc", small, 1024),                       # live: 1024 + 4096 + 6 MiB + 8 MiB: the peak
         event("free_requested", large, 6 * MiB),
         event("free_completed", large, 6 * MiB),
         event("alloc", large, 2 * MiB),
-        event("free_completed", large + 6 * MiB, 8 * MiB, SIDE_STREAM),
+        event("free_completed", side, 8 * MiB, SIDE_STREAM),
         event("snapshot", 0, 0),
     ]
     peak = 1024 + 4096 + 6 * MiB + 8 * MiB
@@ -56,7 +57,11 @@ def make_snapshot():
                     {"address": small + 1024, "size": 4096, "requested_size": 4000, "state": "active_allocated", "frames": []}]},
         {"device": 0, "address": large, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
          "allocated_size": 2 * MiB, "active_size": 2 * MiB, "requested_size": 2 * MiB,
-         "blocks": [{"address": large, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated", "frames": []}]},
+         "blocks": [{"address": large, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated", "frames": []},
+                    {"address": large + 2 * MiB, "size": 18 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]},
+        {"device": 0, "address": side, "total_size": 20 * MiB, "stream": SIDE_STREAM, "segment_type": "large",
+         "allocated_size": 0, "active_size": 0, "requested_size": 0,
+         "blocks": [{"address": side, "size": 20 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]},
     ]
     snapshot = {"segments": segments, "device_traces": [trace, []],
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1}}
@@ -169,8 +174,10 @@ class Replay(unittest.TestCase):
             self.assertEqual(stack["peak_live"], peak, stack["name"])
             self.assertGreaterEqual(stack["peak_reserved"], peak, stack["name"])
         torch_like = next(s for s in trace["stacks"] if s["name"] == "pytorch_caching")
-        # The model holds what PyTorch held here: one 2 MiB and one 20 MiB segment.
-        self.assertEqual(torch_like["peak_reserved"], 22 * MiB)
+        # The model holds what PyTorch held here (its segment_alloc events): 2 MiB, and 20 MiB per stream.
+        segments = sum(e["size"] for e in snapshot["device_traces"][0] if e["action"] == "segment_alloc")
+        self.assertEqual(segments, 42 * MiB)
+        self.assertEqual(torch_like["peak_reserved"], segments)
 
     def test_a_bad_snapshot_is_exit_code_2(self):
         with tempfile.TemporaryDirectory() as tmp:
