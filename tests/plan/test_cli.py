@@ -121,21 +121,23 @@ class BadInput(unittest.TestCase):
 @unittest.skipUnless(PLAN and REPLAY, "STRATA_PLAN and STRATA_REPLAY (bench/replay) not set")
 class SameAsReplay(unittest.TestCase):
     def test_every_stack_reports_bench_replays_figures(self):
-        trace = os.environ.get("STRATA_PLAN_TRACE", MIXED)
-        report, _ = plan_json(trace)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "replay.json")
-            out = subprocess.run([REPLAY, trace, "--json", path], capture_output=True, text=True)
-            self.assertEqual(out.returncode, 0, out.stderr)
-            with open(path) as f:
-                replay = {r["stack"]: r for r in json.load(f)["results"]}
-        stacks = report["traces"][0]["stacks"]
-        self.assertEqual(len(stacks), len(replay))
-        for s in stacks:
-            r = replay[s["description"]]
-            for field in ("peak_live", "peak_reserved", "upstream_calls"):
-                self.assertEqual(s[field], r[field], (s["name"], field))
-
+        shipped = os.path.join(HERE, "..", "..", "bench", "traces", "vit_train_2streams.csv.gz")
+        for trace in (MIXED, shipped):
+            report, _ = plan_json(trace)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "replay.json")
+                out = subprocess.run([REPLAY, trace, "--json", path], capture_output=True, text=True)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                with open(path) as f:
+                    replay = {r["stack"]: r for r in json.load(f)["results"]}
+            stacks = report["traces"][0]["stacks"]
+            self.assertEqual(len(stacks), len(replay))
+            for s in stacks:
+                r = replay[s["description"]]
+                for field in ("peak_live", "peak_reserved", "upstream_calls"):
+                    self.assertEqual(s[field], r[field], (trace, s["name"], field))
+                if s["map_calls"] is not None:
+                    self.assertEqual((s["map_calls"], s["unmap_calls"]), (r["page_calls"]["maps"], r["page_calls"]["unmaps"]))
 
 if __name__ == "__main__":
     unittest.main()

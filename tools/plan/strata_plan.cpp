@@ -24,8 +24,9 @@
 
 #include "planner.hpp"
 
-#if __has_include("../viewer/html_report.hpp")
-#include "../viewer/html_report.hpp"
+// The memory map viewer (tools/viewer, target strata_viewer) when the build has it: --html needs it.
+#ifdef STRATA_PLAN_VIEWER
+#include "viewer/html_report.hpp"
 #define STRATA_PLAN_HAVE_VIEWER 1
 #else
 #define STRATA_PLAN_HAVE_VIEWER 0
