@@ -80,6 +80,18 @@ class Report(unittest.TestCase):
         self.assertEqual(trace["scale"], 2)
         self.assertGreater(trace["stacks"][0]["peak_live"], self.report["traces"][0]["stacks"][0]["peak_live"])
 
+    def test_a_request_no_stack_can_serve_is_reported_not_searched(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "huge.csv")
+            with open(path, "w") as f:
+                f.write("a,1,512,0\na,2,%d,0\n" % (1 << 50))  # 1 PiB: more than any simulated device reserves
+            report, stdout = plan_json(path, "--capacity", "80GiB", "--stacks", "default_pool,coalescing_pool,cudamalloc,pytorch_caching")
+        for s in report["traces"][0]["stacks"]:
+            self.assertIsNotNone(s["failure"], s["name"])
+            self.assertIn("1125899906842624", s["failure"])  # the request, named by the box that refused it
+            self.assertEqual((s["fits"], s["min_capacity"], s["peak_map"]), (False, None, None), s["name"])
+        self.assertEqual(stdout.count("FAILED after 1 operations"), 4)
+
     def test_device_without_a_gpu_says_so(self):
         out = plan(MIXED, "--stacks", "cudamalloc", "--device")
         self.assertEqual(out.returncode, 0, out.stderr)

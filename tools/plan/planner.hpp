@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -82,7 +83,10 @@ inline std::size_t search_min_capacity(const stack_spec& spec, const std::vector
   std::size_t lo = (unlimited.peak_live - 1) / granularity * granularity;  // below peak live: refused
   std::size_t hi = (unlimited.peak_reserved + granularity - 1) / granularity * granularity;
   hi = std::max(hi, lo + granularity);
-  while ((++probes, !fits_in(spec, events, hi))) {  // should not happen; keeps the bisection's premise true
+  // At peak reserved nothing is refused, so the replay fits; checked, so that the bisection's premise holds
+  // even for a stack that would behave differently under a cap it never reaches.
+  for (int tries = 0; (++probes, !fits_in(spec, events, hi)); ++tries) {
+    if (tries == 16) throw std::logic_error(spec.key + ": does not fit even in " + std::to_string(hi) + " bytes, above its peak reserved");
     lo = hi;
     hi += std::max(granularity, hi / 8 / granularity * granularity);
   }
@@ -114,7 +118,10 @@ inline stack_plan plan_stack(const stack_spec& spec, const std::vector<trace_eve
   o.timeline_points = timeline_points;
   o.progress = ops_done;
   p.result = spec.run(events, o);
-  if (p.result.failed && !p.result.out_of_memory) return p;  // not a memory question: reported as failed
+  if (p.result.failed) {  // even on unlimited memory: nothing to search (reported with its message)
+    if (opts.capacity) p.fits = false;
+    return p;
+  }
   replay::run_options at_peak;
   at_peak.capture_at = p.result.peak_op;
   replay_result captured = spec.run(events, at_peak);
@@ -216,10 +223,11 @@ inline std::string to_json(const stack_plan& p, std::size_t largest_request)
   out += ",\"unmap_calls\":" + (p.pages ? std::to_string(r.page_calls.unmaps) : std::string("null"));
   out += ",\"fits\":" + json_or_null(p.fits) + ",\"min_capacity\":" + json_or_null(p.min_capacity);
   out += ",\"min_capacity_method\":" + json_string(p.min_capacity_exact ? "exact" : "search");
-  out += ",\"failure\":" + (r.failed && !r.out_of_memory ? json_string(r.failure) : std::string("null"));
+  out += ",\"failure\":" + (r.failed ? json_string(r.failure) : std::string("null"));
   out += ",\"timeline\":{\"op\":" + json_array(r.line.op) + ",\"live\":" + json_array(r.line.live) + ",\"reserved\":" +
          json_array(r.line.reserved) + "}";
-  out += ",\"peak_map\":{\"at_op\":" + std::to_string(r.peak_op) + ",\"snapshot\":" + (p.map ? strata::to_json(*p.map) : std::string("null"));
+  if (!p.map) return out + ",\"peak_map\":null}";  // the stack failed: no peak to show
+  out += ",\"peak_map\":{\"at_op\":" + std::to_string(r.peak_op) + ",\"snapshot\":" + strata::to_json(*p.map);
   out += ",\"largest_request\":{\"size\":" + std::to_string(largest_request) + ",\"segment\":" + json_or_null(p.request_segment) +
          ",\"offset\":" + json_or_null(p.request_offset) + "}}}";
   return out;
@@ -258,7 +266,7 @@ inline void print_plan(std::FILE* out, const trace_plan& plan)
                "upstream", "map/unmap", "fits", "min capacity");
   for (const auto& s : plan.stacks) {
     const replay_result& r = s.result;
-    if (r.failed && !r.out_of_memory) {
+    if (r.failed) {
       std::fprintf(out, "%-68s FAILED after %zu operations: %s\n", s.description.c_str(), r.operations, r.failure.c_str());
       continue;
     }
