@@ -92,6 +92,10 @@ class Report(unittest.TestCase):
             self.assertEqual((s["fits"], s["min_capacity"], s["peak_map"]), (False, None, None), s["name"])
         self.assertEqual(stdout.count("FAILED after 1 operations"), 4)
 
+    def test_no_progress_bar_when_standard_error_is_not_a_terminal(self):
+        out = subprocess.run([PLAN, MIXED, "--stacks", "default_pool"], capture_output=True, text=True)
+        self.assertEqual((out.returncode, out.stderr), (0, ""))
+
     def test_device_without_a_gpu_says_so(self):
         out = plan(MIXED, "--stacks", "cudamalloc", "--device")
         self.assertEqual(out.returncode, 0, out.stderr)
