@@ -263,7 +263,10 @@ std::vector<replay::replay_result> replay_on_device(const std::vector<replay::tr
                        ++calls;
                        source.deallocate(p, bytes, 256);
                      },
-                     [](const replay::trace_event&) {}, [&] { return device_used() - base; }, [] { return std::size_t{0}; },
+                     [](const replay::trace_event&) {}, [&] {
+                       const std::size_t used = device_used();  // another process may free memory meanwhile
+                       return used > base ? used - base : std::size_t{0};
+                     }, [] { return std::size_t{0}; },
                      [] { return strata::snapshot{}; }};
     auto r = replay::run("cudaMalloc per tensor (on the GPU)", d, events, o);
     r.upstream_calls = calls;
