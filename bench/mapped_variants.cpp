@@ -26,13 +26,13 @@
 #include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
-#include "replay_driver.hpp"
+#include "replay.hpp"
 #include "trace.hpp"
 
 namespace {
 
 using namespace strata;
-using bench::trace_event;
+using replay::trace_event;
 constexpr std::size_t mib = std::size_t{1} << 20;
 
 /// Requests up to this size go to a size_class_pool whose slabs come from the mapped pool (0: no front).
@@ -66,30 +66,33 @@ std::vector<variant<Backend>> variants()
   };
 }
 
-void scale_sizes(std::vector<trace_event>& events, double factor)  // as bench/replay --scale does
-{
-  for (auto& e : events) {
-    const auto scaled = static_cast<std::size_t>(static_cast<double>(e.bytes) * factor + 0.5);
-    e.bytes = std::max<std::size_t>(512, (scaled + 511) / 512 * 512);
-  }
-}
-
 struct outcome {
-  bench::replay_result r;
+  replay::replay_result r;
   page_counters calls;
   std::size_t peak_live_pages = 0;
 };
 
+/// Replays `stack` (timed), reporting `pool`'s physical memory as what it holds.
+template <class Stack, class Pool>
+replay::replay_result replay_through(const char* name, Stack& stack, const Pool& pool, const std::vector<trace_event>& events)
+{
+  replay::driver d{[&](const trace_event& e) { return stack.allocate(e.bytes, 256); },
+                   [&](void* p, std::size_t bytes, const trace_event&) { stack.deallocate(p, bytes, 256); },
+                   [](const trace_event&) {}, [&] { return pool.physical_bytes(); }, [&] { return pool.usage().largest_free; },
+                   [&] { return pool.snapshot(); }};
+  return replay::run(name, d, events, replay::run_options{.timed = true});
+}
+
 /// Replays through `pool`, or through a size-class front over it.
 template <std::size_t Limit, class Pool>
-bench::replay_result replay_front(const char* name, Pool& pool, const std::vector<trace_event>& events)
+replay::replay_result replay_front(const char* name, Pool& pool, const std::vector<trace_event>& events)
 {
   if constexpr (Limit == 0) {
-    return bench::replay_with(name, pool, [&] { return pool.physical_bytes(); }, events);
+    return replay_through(name, pool, pool, events);
   } else {
     using classes = size_class_pool<ref<Pool>, Limit>;
     segregator<Limit, classes, ref<Pool>> stack{classes{ref(pool)}, ref(pool)};
-    return bench::replay_with(name, stack, [&] { return pool.physical_bytes(); }, events);
+    return replay_through(name, stack, pool, events);
   }
 }
 
@@ -113,7 +116,7 @@ int run(const std::string& dir, const std::vector<double>& scales, int repeats, 
 {
   const char* traces[] = {"bert_train_varlen", "llama_generate", "resnet50_train", "vit_train_2streams"};
   std::vector<std::vector<trace_event>> loaded;
-  for (const char* t : traces) loaded.push_back(bench::read_trace(dir + "/" + t + ".csv.gz"));
+  for (const char* t : traces) loaded.push_back(replay::read_trace(dir + "/" + t + ".csv.gz"));
   std::printf("| variant |");
   for (const char* t : traces) std::printf(" %s: held/live x%s; maps/unmaps per 1000 ops; ns/op |", t, scales.size() > 1 ? "0.9/1.0/1.1" : "1.0");
   std::printf(" worst | page floor (x1.0) |\n|---|");
@@ -129,7 +132,7 @@ int run(const std::string& dir, const std::vector<double>& scales, int repeats, 
       std::string ratios, calls;
       for (double scale : scales) {
         std::vector<trace_event> events = loaded[t];
-        if (scale != 1.0) scale_sizes(events, scale);
+        if (scale != 1.0) replay::scale_sizes(events, scale);
         outcome o = replay_variant(v, events, make_backend);
         for (int i = 1; i < repeats && !o.r.failed; ++i) {
           const outcome again = replay_variant(v, events, make_backend);
