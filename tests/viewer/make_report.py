@@ -29,7 +29,7 @@ def workload(rng, kind, ops):
     if kind == 'training':
         weights = 3 * GiB + rng.randrange(512) * MiB
         live = weights
-        step_ops = max(50, ops // 12)
+        step_ops = max(50, min(ops // 12, 2000))
         while len(out) < ops:
             for _ in range(step_ops // 2):  # forward: activations pile up
                 size = round_up(rng.choice([rng.randrange(1, 64) * 64 * KiB, rng.randrange(2, 96) * MiB]), 512)
@@ -176,7 +176,7 @@ def report(big):
     traces = []
     if big:
         live = workload(rng, 'training', 400_000)
-        stacks = [stack_entry(rng, n, d, st, live, None, None, 20_000 if i == 0 else 500, [], 96 * MiB)
+        stacks = [stack_entry(rng, n, d, st, live, None, None, 21_000 if i == 0 else 500, [], 96 * MiB)
                   for i, (n, d, st) in enumerate(STACKS[:2])]
         traces.append({"trace": "synthetic_400k", "operations": len(live), "scale": 1.0, "capacity": None,
                        "stacks": stacks})
@@ -192,6 +192,8 @@ def report(big):
                        "stacks": [stack_entry(rng, n, d, st, live, 16 * GiB, 2_000, 400, [1, 2, 3] if i == 0 else [],
                                               2 * GiB if i == 1 else 399 * MiB)
                                   for i, (n, d, st) in enumerate(STACKS)]})
+        blocks = sum(len(seg["blocks"]) for seg in stacks[0]["peak_map"]["snapshot"]["segments"])
+        assert blocks >= 20_000 and all(len(s["timeline"]["op"]) == 400_000 for s in stacks), blocks
     return {"tool": "strata-plan", "version": 1, "traces": traces}
 
 

@@ -15,6 +15,7 @@
   var TIMES = '\u00d7', GEQ = '\u2265', DOT = '\u00b7', DASH = '\u2014';
 
   var stats = { series: 0, points: 0, maps: 0, blocks: 0, segments: 0, rects: 0 };
+  var selectors = [];  // per trace: {count, select(i)}, for the self-test
 
   // ---------------------------------------------------------------- formatting
   var UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
@@ -224,20 +225,23 @@
     var total = 0;
     segments.forEach(function (s) { total += s.size; });
     var rows = Math.min(48, Math.max(8, Math.ceil(Math.sqrt(segments.length)))), rowW = width - 8;
-    var perPx = total / (rows * rowW), cursor = 0;  // cursor: pixels laid so far, row-major
+    // A gap between segments where it costs little room; boundary lines (drawn later) otherwise.
+    var segGap = segments.length * 3 <= 0.1 * rows * rowW ? 3 : 0;
+    var perPx = total / (rows * rowW - segGap * segments.length), cursor = 0;  // cursor: pixels laid, row-major
     segments.forEach(function (s, i) {
       var from = 0;
-      while (from < s.size) {
+      while (s.size - from > perPx * 1e-3) {  // what is left after rounding is not a piece
         var row = Math.floor(cursor / rowW), x = cursor - row * rowW;
-        var room = (rowW - x) * perPx, take = Math.min(room, s.size - from);
-        if (take <= 0) { cursor = (row + 1) * rowW; continue; }
-        pieces.push({ seg: i, from: from, to: from + take, x: 4 + x, y: 4 + row * (rowH + gap), w: take / perPx, h: rowH });
+        if (rowW - x < 0.5) { cursor = (row + 1) * rowW; continue; }  // no slivers at a row's end
+        var take = Math.min((rowW - x) * perPx, s.size - from);
+        pieces.push({ seg: i, from: from, to: from + take, x: 4 + x, y: 4 + row * (rowH + 6), w: take / perPx, h: rowH });
         cursor += take / perPx;
         from += take;
       }
+      cursor += segGap;
     });
     var usedRows = Math.ceil(cursor / rowW - 1e-9);
-    return { pieces: pieces, height: 8 + Math.max(1, usedRows) * (rowH + gap), labels: false, perPx: perPx };
+    return { pieces: pieces, height: 8 + Math.max(1, usedRows) * (rowH + 6), labels: false, perPx: perPx, gap: segGap };
   }
 
   function firstBlockAt(blocks, offset) {  // the first block whose end is past `offset` (blocks sorted)
@@ -361,6 +365,7 @@
     container.appendChild(holder);
     var width = Math.max(400, holder.clientWidth || 1200), layout = layoutMap(snapshot.segments, width);
     var ctx = sizeCanvas(canvas, width, layout.height);
+    canvas.strataLayout = layout;
     ctx.font = '11px "DejaVu Sans Mono", monospace';
     ctx.textBaseline = 'middle';
     layout.pieces.forEach(function (p) {
@@ -374,10 +379,10 @@
       }
     });
     if (!layout.labels) {
-      holder.insertBefore(el('div', { cls: 'map-facts', text: 'Segments laid end to end in address order and wrapped; 1 pixel = ' +
-        fmtBytes(layout.perPx) + '. Thin dark lines: segment boundaries.' }), canvas);
+      holder.insertBefore(el('div', { cls: 'map-facts', text: fmtCount(s.segments) + ' segments laid end to end in address order and wrapped; 1 pixel = ' +
+        fmtBytes(layout.perPx) + (layout.gap ? '; a gap between segments.' : '; thin dark lines: segment boundaries.') }), canvas);
       ctx.fillStyle = '#3e4c59';
-      layout.pieces.forEach(function (p) { if (p.from === 0 && p.w >= 3) ctx.fillRect(p.x, p.y - 2, 1, p.h + 4); });
+      if (!layout.gap) layout.pieces.forEach(function (p) { if (p.from === 0 && p.w >= 3) ctx.fillRect(p.x, p.y - 2, 1, p.h + 4); });
     }
     canvas.onmousemove = function (event) {
       var rect = canvas.getBoundingClientRect(), x = event.clientX - rect.left, y = event.clientY - rect.top;
@@ -507,6 +512,7 @@
     }
     chooser.onchange = function () { select(Number(chooser.value)); };
     if (stacks.length) select(0);
+    selectors.push({ count: stacks.length, select: select });
   }
 
   function renderReport(app, report) {
@@ -548,4 +554,30 @@
   body.setAttribute('data-render-ms', (performance.now() - started).toFixed(1));
   body.setAttribute('data-ready-ms', performance.now().toFixed(1));  // since navigation began: parsing included
   if (body.getAttribute('data-errors') === '0') body.setAttribute('data-rendered', 'ok');
+  if (location.hash === '#selftest') selfTest();
+
+  // CI opens the page as page.html#selftest (check_viewer.sh): show every stack's map once, and hover a
+  // map and a chart, so that code which only runs on interaction runs too; a script error there is counted
+  // by window.onerror like any other. The tooltips' text is left on <body> for the check.
+  function selfTest() {
+    selectors.forEach(function (sel) {
+      for (var i = 0; i < sel.count; i++) sel.select(i);
+      sel.select(0);
+    });
+    function hover(canvas, x, y) {
+      var rect = canvas.getBoundingClientRect();
+      canvas.dispatchEvent(new MouseEvent('mousemove', { clientX: rect.left + x, clientY: rect.top + y, bubbles: true }));
+      var text = tip.hidden ? '' : tip.textContent;
+      hideTip();
+      return text;
+    }
+    var map = document.querySelector('.map canvas');
+    if (map && map.strataLayout && map.strataLayout.pieces.length) {
+      var p = map.strataLayout.pieces[0];
+      body.setAttribute('data-hover-map', hover(map, p.x + Math.min(p.w, 40) / 2, p.y + p.h / 2));
+    }
+    var chart = document.querySelector('.chart canvas');
+    if (chart) body.setAttribute('data-hover-chart', hover(chart, chart.clientWidth / 2, 60));
+    body.setAttribute('data-selftest', 'done');
+  }
 })();
