@@ -180,6 +180,8 @@ def report(big):
                   for i, (n, d, st) in enumerate(STACKS[:2])]
         traces.append({"trace": "synthetic_400k", "operations": len(live), "scale": 1.0, "capacity": None,
                        "stacks": stacks})
+        blocks = sum(len(seg["blocks"]) for seg in stacks[0]["peak_map"]["snapshot"]["segments"])
+        assert blocks >= 20_000 and all(len(s["timeline"]["op"]) == 400_000 for s in stacks), blocks
     else:
         live = workload(rng, 'training', 4_000)
         traces.append({"trace": "training_step (timelines not downsampled)", "operations": len(live), "scale": 1.0,
@@ -192,8 +194,6 @@ def report(big):
                        "stacks": [stack_entry(rng, n, d, st, live, 16 * GiB, 2_000, 400, [1, 2, 3] if i == 0 else [],
                                               2 * GiB if i == 1 else 399 * MiB)
                                   for i, (n, d, st) in enumerate(STACKS)]})
-        blocks = sum(len(seg["blocks"]) for seg in stacks[0]["peak_map"]["snapshot"]["segments"])
-        assert blocks >= 20_000 and all(len(s["timeline"]["op"]) == 400_000 for s in stacks), blocks
     return {"tool": "strata-plan", "version": 1, "traces": traces}
 
 
