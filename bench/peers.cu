@@ -49,7 +49,7 @@
 #include <strata/source/device_source.hpp>
 #include <strata/stream/stream_ordered.hpp>
 #include "bench_common.hpp"
-#include "replay_driver.hpp"
+#include "../tools/replay/replay.hpp"
 
 namespace {
 
@@ -59,7 +59,7 @@ constexpr const char* recommended_stack = "strata default_pool";
 using clock_type = std::chrono::steady_clock;
 using counted_device = strata::statistics<strata::device_source>;  // its current bytes: what a stack reserved
 using strata::bench::median;
-using strata::bench::trace_event;
+using strata::replay::trace_event;
 
 /// A CUDA error inside a measurement: thrown, so the row is reported as failed and the run goes on.
 void require(cudaError_t status, const char* what)
@@ -188,8 +188,8 @@ private:
   std::map<int, cudaStream_t> created_;
 };
 
-/// One replay on the device: as strata::bench::replay_with, plus streams and the device's own view.
-struct device_replay : strata::bench::replay_result {
+/// One replay on the device: as strata::replay::run, plus streams and the device's own view.
+struct device_replay : strata::replay::replay_result {
   std::size_t device_peak = 0;         ///< peak rise of the device's used memory over the replay
   std::size_t own_peak_reserved = 0;   ///< the allocator's own statistics, where it keeps them (PyTorch)
   std::size_t own_peak_allocated = 0;
@@ -793,7 +793,7 @@ int main(int argc, char** argv)
   for (std::size_t t = 0; t < traces.size(); ++t) {
     std::vector<trace_event> events;
     try {
-      events = strata::bench::read_trace(traces[t]);
+      events = strata::replay::read_trace(traces[t]);
     } catch (const std::exception& e) {
       failures.push_back(traces[t] + ": " + e.what());
       std::printf("%s\n", e.what());
