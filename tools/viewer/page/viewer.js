@@ -324,22 +324,29 @@
     return lines.join('\n');
   }
 
-  // The map of one snapshot, with the request's place (largest_request, may be null) and its words.
-  function renderMap(container, snapshot, largest) {
+  // The map of one snapshot, with the request's place (largest_request, may be null) and its words. `stack`
+  // (null for a lone snapshot) is the report's entry, whose figures outrank what the snapshot suggests: a
+  // page-mapped pool's segments are address ranges, and their free blocks may have no memory behind them.
+  function renderMap(container, snapshot, largest, stack) {
     container.textContent = '';
     var s = summarize(snapshot);
     stats.maps++; stats.blocks += s.blocks; stats.segments += s.segments;
-    container.appendChild(el('div', { cls: 'map-facts' },
-      fmtCount(s.segments) + ' segment' + (s.segments === 1 ? '' : 's') + ' holding ' + fmtBytes(s.reserved) + ' ' + DOT + ' ' +
+    var facts = fmtCount(s.segments) + ' segment' + (s.segments === 1 ? '' : 's') + ' spanning ' + fmtBytes(s.reserved) + ' ' + DOT + ' ' +
       fmtCount(s.blocks) + ' blocks (' + fmtCount(s.used) + ' used: ' + fmtBytes(s.inUse) + ', ' + fmtCount(s.free) + ' free: ' +
-      fmtBytes(s.freeBytes) + ') ' + DOT + ' largest free block ' + fmtBytes(s.largestFree)));
+      fmtBytes(s.freeBytes) + ') ' + DOT + ' largest free block ' + fmtBytes(s.largestFree);
+    container.appendChild(el('div', { cls: 'map-facts' }, facts));
+    if (stack && typeof stack.peak_reserved === 'number' && s.reserved > stack.peak_reserved * 1.001) {
+      container.appendChild(el('div', { cls: 'map-facts', text: 'The stack held ' + fmtBytes(stack.peak_reserved) + ' of memory at its peak: ' +
+        'the rest of these segments is address space reserved without memory behind it (a page-mapped pool maps pages only where blocks need them).' }));
+    }
+    var largestFree = stack && typeof stack.largest_free_at_peak === 'number' ? stack.largest_free_at_peak : s.largestFree;
     var request = null;
     if (largest) {
       var box = el('div', { cls: 'request' });
       if (largest.segment === null || largest.segment === undefined) {
         box.className = 'request none';
         box.textContent = 'The biggest request of the trace, ' + fmtBytes(largest.size) + ', needs new memory at this moment: no free block ' +
-          GEQ + ' ' + fmtBytes(largest.size) + ' (the largest is ' + fmtBytes(s.largestFree) + ').';
+          GEQ + ' ' + fmtBytes(largest.size) + ' (the largest free block with memory behind it is ' + fmtBytes(largestFree) + ').';
       } else {
         var seg = snapshot.segments[largest.segment], blockEnd = largest.offset + largest.size;
         var bi = seg ? firstBlockAt(seg.blocks, largest.offset) : -1;
@@ -442,6 +449,8 @@
       rows.push(tr);
       tbody.appendChild(tr);
     });
+    var line = headline(stacks);
+    if (line) section.appendChild(el('p', { cls: 'headline', text: line }));
     section.appendChild(el('h3', { text: 'Figures (click a row to see its memory map)' }));
     section.appendChild(table);
 
@@ -508,11 +517,28 @@
       }
       when.textContent = stacks[i].name + ' at operation ' + fmtCount(pm.at_op) + ', its peak reserved' +
         (pm.snapshot.box && pm.snapshot.box !== stacks[i].name ? ' ' + DOT + ' the snapshot of its ' + pm.snapshot.box : '');
-      renderMap(mapBox, pm.snapshot, pm.largest_request || null);
+      renderMap(mapBox, pm.snapshot, pm.largest_request || null, stacks[i]);
     }
     chooser.onchange = function () { select(Number(chooser.value)); };
     if (stacks.length) select(0);
     selectors.push({ count: stacks.length, select: select });
+  }
+
+  function isBaseline(stack) {
+    return /^baseline/i.test(stack.description || '') || /baseline/i.test(stack.name);
+  }
+
+  // The answer the report exists for: what the first (recommended) stack needs against the baselines.
+  function headline(stacks) {
+    var first = stacks[0];
+    if (!first || isBaseline(first) || typeof first.min_capacity !== 'number') return '';
+    var parts = stacks.filter(function (s) { return isBaseline(s) && typeof s.min_capacity === 'number'; }).map(function (s) {
+      var more = first.min_capacity > 0 ? (s.min_capacity / first.min_capacity - 1) * 100 : 0;
+      return (s.description || s.name).replace(/^baseline:\s*/i, '') + ' needs ' + fmtBytes(s.min_capacity) +
+        ' (' + (more >= 0 ? '+' : '') + more.toFixed(1) + '%)';
+    });
+    if (!parts.length) return '';
+    return first.name + ' fits in ' + fmtBytes(first.min_capacity) + '; ' + parts.join('; ') + '.';
   }
 
   function renderReport(app, report) {
@@ -530,7 +556,7 @@
     app.appendChild(el('p', { cls: 'sub', text: 'Every segment the pool holds from its upstream, with its blocks in address order.' }));
     var section = el('section', { cls: 'trace' });
     app.appendChild(section);
-    renderMap(section, snapshot, null);
+    renderMap(section, snapshot, null, null);
   }
 
   // ---------------------------------------------------------------- main
