@@ -131,8 +131,8 @@ def largest_free(snap):
 
 STACKS = [
     ("default_pool", "the recommended stack: stream_ordered<coalescing_pool> (simulated twin planning_pool)", 'pool'),
-    ("cudamalloc_baseline", "every allocation its own cudaMalloc (2 MiB rounding)", 'baseline'),
-    ("pytorch_like_caching", "a model of PyTorch's caching allocator (512 B rounding, 2/20 MiB segments)", 'torch'),
+    ("cudamalloc_baseline", "baseline: every allocation its own cudaMalloc (2 MiB rounding)", 'baseline'),
+    ("pytorch_like_caching", "baseline: a model of PyTorch's caching allocator (512 B rounding, 2/20 MiB segments)", 'torch'),
 ]
 
 

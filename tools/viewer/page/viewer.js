@@ -432,7 +432,7 @@
     stacks.forEach(function (s, i) {
       var name = el('td', null, el('span', { cls: 'stack-name', text: s.name }));
       if (i === best && stacks.length > 1) name.appendChild(el('span', { cls: 'badge', text: 'least memory' }));
-      if (/cudamalloc|pytorch|torch|baseline/i.test(s.name)) name.appendChild(el('span', { cls: 'badge base', text: 'baseline' }));
+      if (isBaseline(s)) name.appendChild(el('span', { cls: 'badge base', text: 'baseline' }));
       if (s.description) name.appendChild(el('span', { cls: 'desc', text: s.description }));
       var bar = el('span', { cls: 'bar' });
       bar.style.width = (maxReserved > 0 ? Math.max(1, 70 * s.peak_reserved / maxReserved) : 0) + 'px';
@@ -525,7 +525,8 @@
   }
 
   function isBaseline(stack) {
-    return /^baseline/i.test(stack.description || '') || /baseline/i.test(stack.name);
+    // strata-plan describes its two baselines as "baseline: ..."; other reports may only name them.
+    return /^baseline/i.test(stack.description || '') || /baseline|cudamalloc|pytorch|torch/i.test(stack.name);
   }
 
   // The answer the report exists for: what the first (recommended) stack needs against the baselines.
