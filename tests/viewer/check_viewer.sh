@@ -48,8 +48,8 @@ check() {
 }
 
 screenshot() {
-  local name="$1" out="$2"
-  timeout 120 "$browser" "${flags[@]}" --window-size=1400,1000 --screenshot="$out" "file://$work/$name.html" \
+  local name="$1" out="$2" size="${3:-1400,1000}"
+  timeout 120 "$browser" "${flags[@]}" --window-size="$size" --screenshot="$out" "file://$work/$name.html" \
     >/dev/null 2>"$work/$name.shot.log" || { echo "FAIL $name: no screenshot"; failed=$((failed + 1)); return; }
   [ -s "$out" ] || { echo "FAIL $name: empty screenshot"; failed=$((failed + 1)); return; }
   echo "screenshot: $out"
@@ -83,11 +83,12 @@ check big "$work/big.json" --max-ready-ms 5000
 
 pages=3
 if [ -n "$plan" ]; then
-  trace="$here/../../bench/traces/vit_train_2streams.csv.gz"
-  "$plan" "$trace" --capacity H100-80GB --no-progress --json "$work/plan.json" --html "$work/plan.html" >"$work/plan.log" 2>&1 ||
+  # From the repository's root, so that the report names the trace as a user would.
+  (cd "$here/../.." && "$plan" bench/traces/vit_train_2streams.csv.gz --capacity H100-80GB --no-progress \
+     --json "$work/plan.json" --html "$work/plan.html") >"$work/plan.log" 2>&1 ||
     { echo "FAIL strata-plan --html:"; cat "$work/plan.log"; failed=$((failed + 1)); }
   check plan "$work/plan.json"
-  screenshot plan "$artifacts/viewer_plan.png"
+  screenshot plan "$artifacts/viewer_plan.png" 1400,2300  # tall: 13 stacks, their charts and the map
   pages=4
 fi
 

@@ -411,7 +411,9 @@
     var facts = fmtCount(trace.operations) + ' operations';
     if (trace.scale !== undefined && trace.scale !== null && trace.scale !== 1) facts += ' ' + DOT + ' sizes scaled ' + TIMES + trace.scale;
     facts += ' ' + DOT + ' ' + (trace.capacity === null || trace.capacity === undefined ? 'no capacity given' : 'capacity ' + fmtBytes(trace.capacity));
-    section.appendChild(el('div', { cls: 'trace-head' }, el('h2', { text: trace.trace }), el('span', { cls: 'facts', text: facts })));
+    // The file's name as the title (a trace named by a long path stays readable); the whole name on hover.
+    var short = String(trace.trace).split('/').pop() || String(trace.trace);
+    section.appendChild(el('div', { cls: 'trace-head' }, el('h2', { text: short, title: trace.trace }), el('span', { cls: 'facts', text: facts })));
 
     // Figures.
     var hasMaps = stacks.some(function (s) { return s.map_calls !== null && s.map_calls !== undefined; });
