@@ -367,7 +367,7 @@
     container.appendChild(legend);
     if (s.segments === 0) { container.appendChild(el('p', { cls: 'empty', text: 'No memory held at this moment.' })); return; }
 
-    var holder = el('div', { cls: 'map' }), canvas = el('canvas');
+    var holder = el('div', { cls: 'map' }), canvas = el('canvas', { role: 'img', 'aria-label': 'memory map: ' + facts });
     holder.appendChild(canvas);
     container.appendChild(holder);
     var width = Math.max(400, holder.clientWidth || 1200), layout = layoutMap(snapshot.segments, width);
@@ -485,7 +485,8 @@
     var charts = el('div', { cls: 'charts' });
     section.appendChild(charts);
     var canvases = stacks.map(function (s) {
-      var c = el('canvas'), title = el('div', { cls: 'title' }, el('b', { text: s.name, title: s.description || s.name }),
+      var c = el('canvas', { role: 'img', 'aria-label': s.name + ': reserved and live memory over the trace; peak reserved ' +
+        fmtBytes(s.peak_reserved) + ', peak live ' + fmtBytes(s.peak_live) }), title = el('div', { cls: 'title' }, el('b', { text: s.name, title: s.description || s.name }),
         el('span', { text: 'peak ' + fmtBytes(s.peak_reserved) + ' / live ' + fmtBytes(s.peak_live) }));
       charts.appendChild(el('div', { cls: 'chart' }, title, c));
       return c;
