@@ -33,16 +33,16 @@ inline constexpr std::size_t granularity = std::size_t{2} << 20;
 inline constexpr std::size_t timeline_points = 2000;
 
 struct stack_plan {
-  std::string key, description;
+  std::string key{}, description{};
   bool pages = false;
-  replay_result result;                 ///< the replay on unlimited memory, with its timeline
-  std::optional<strata::snapshot> map;  ///< at result.peak_op
+  replay_result result{};                ///< the replay on unlimited memory, with its timeline
+  std::optional<strata::snapshot> map{};  ///< at result.peak_op
   std::size_t largest_free_at_peak = 0;
-  std::optional<std::size_t> min_capacity;  ///< none when the stack failed for another reason than memory
+  std::optional<std::size_t> min_capacity{};  ///< none when the stack failed for another reason than memory
   bool min_capacity_exact = false;          ///< derived from peak reserved (else found by search)
   std::size_t probes = 0;                   ///< capped replays the search ran
-  std::optional<bool> fits;                 ///< in the capacity asked for, if one was
-  std::optional<std::size_t> request_segment, request_offset;  ///< where the largest request would go at the peak
+  std::optional<bool> fits{};               ///< in the capacity asked for, if one was
+  std::optional<std::size_t> request_segment{}, request_offset{};  ///< where the largest request would go at the peak
 };
 
 struct trace_plan {
@@ -51,16 +51,16 @@ struct trace_plan {
   double scale = 1.0;
   std::optional<std::size_t> capacity;
   std::size_t largest_request = 0;
-  std::vector<stack_plan> stacks;
+  std::vector<stack_plan> stacks{};
 };
 
 struct plan_options {
-  std::optional<std::size_t> capacity;
+  std::optional<std::size_t> capacity{};
   double scale = 1.0;
   unsigned threads = 0;  ///< 0: one per core
   /// Called (under a lock, from any thread) as work finishes: stacks done, stacks in all, fraction of the
   /// current trace's first replays done.
-  std::function<void(std::size_t, std::size_t, double)> progress;
+  std::function<void(std::size_t, std::size_t, double)> progress{};
 };
 
 inline bool fits_in(const stack_spec& spec, const std::vector<trace_event>& events, std::size_t capacity)

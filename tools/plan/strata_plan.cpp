@@ -180,9 +180,14 @@ std::vector<replay::trace_event> load(const std::string& path, const char* argv0
 struct progress_bar {
   bool enabled;
   std::string label;
-  void operator()(std::size_t done, std::size_t total, double fraction)
+  int drawn = -1;
+  /// `fraction`: of the stacks' first replays; the search that follows each is counted by stacks done.
+  void operator()(std::size_t done, std::size_t total, double replayed)
   {
-    if (!enabled) return;
+    const double fraction = total == 0 ? 1.0 : 0.5 * replayed + 0.5 * static_cast<double>(done) / static_cast<double>(total);
+    const int percent = static_cast<int>(100 * fraction) * 1000 + static_cast<int>(done);
+    if (!enabled || percent == drawn) return;  // redraw only when what it shows changes
+    drawn = percent;
     const int width = 30, filled = static_cast<int>(fraction * width + 0.5);
     std::fprintf(stderr, "\r%-40.40s [%.*s%*s] %3.0f%%  %zu/%zu stacks", label.c_str(), filled, "##############################",
                  width - filled, "", 100.0 * fraction, done, total);
@@ -234,7 +239,9 @@ std::vector<replay::replay_result> replay_on_device(const std::vector<replay::tr
   o.timed = true;
   {
     device_streams streams;
-    default_pool pool = make_default_pool({.max_fraction = 0.95});
+    default_pool_options device_options;
+    device_options.max_fraction = 0.95;  // leave the rest to the CUDA context and the cudaMalloc replay's teardown
+    default_pool pool = make_default_pool(device_options);
     replay::driver d{[&](const replay::trace_event& e) { return pool.allocate_async(e.bytes, 256, streams.of(e.stream)); },
                      [&](void* p, std::size_t bytes, const replay::trace_event& e) { pool.deallocate_async(p, bytes, 256, streams.of(e.stream)); },
                      [](const replay::trace_event&) {}, [&] { return pool.policy().physical_bytes(); }, [&] { return pool.usage().largest_free; },

@@ -45,7 +45,7 @@ struct timeline {
 };
 
 struct replay_result {
-  std::string stack;
+  std::string stack{};
   std::size_t operations = 0;  ///< operations replayed (all of them unless failed)
   double ns_per_op = 0;        ///< time in the stack's calls (only when run_options::timed)
   std::size_t peak_live = 0;
@@ -53,12 +53,12 @@ struct replay_result {
   std::size_t peak_op = 0;     ///< the operation after which peak reserved was first reached
   bool failed = false;
   bool out_of_memory = false;  ///< failed because the simulated device ran out
-  std::string failure;
+  std::string failure{};
   std::uint64_t upstream_calls = 0;  ///< allocations and frees made to the device (cudaMalloc/cudaFree or cuMemCreate/cuMemRelease)
   bool has_page_calls = false;       ///< page-mapped stacks: the driver calls they made
   page_counters page_calls{};
-  timeline line;                          ///< when run_options::timeline_points
-  std::optional<strata::snapshot> map;    ///< at run_options::capture_at
+  timeline line{};                        ///< when run_options::timeline_points
+  std::optional<strata::snapshot> map{};  ///< at run_options::capture_at
   std::size_t largest_free_at_capture = 0;
 
   double per_1000_ops(std::uint64_t calls) const
@@ -73,7 +73,7 @@ struct run_options {
   std::size_t capture_at = SIZE_MAX;    ///< take the map (snapshot, largest free block) after this operation
   std::size_t timeline_points = 0;      ///< 0: no timeline
   bool timed = false;                   ///< time each call (two clock reads per operation)
-  std::function<void(std::size_t)> progress;  ///< called with the operations done, every 4096 and at the end
+  std::function<void(std::size_t)> progress{};  ///< called with the operations done, every 4096 and at the end
   simulated_source::rounding rounding = simulated_source::rounding::like_cudamalloc;  ///< chunked pools' source
   std::size_t lag = 0;                  ///< stream stacks: work completes this many operations after it was enqueued
 };
