@@ -4,7 +4,7 @@
 # snapshot written by strata's own pool, and the speed check (400,000 timeline points per stack, a
 # 20,000-block map, ready in under 5 s). Each page must report data-rendered=ok, no script error and the
 # series and block counts computed from its JSON (check_dom.py). Screenshots go to ARTIFACTS/. Given
-# strata-plan, also its own --html report of a shipped trace (the path users take), checked against its --json.
+# strata-plan, also its own --html report of the README's demo (the path users take), checked against its --json.
 # Exit 77 (skipped) when no Chromium is installed, unless STRATA_REQUIRE_VIEWER=1.
 # Usage: check_viewer.sh PATH/TO/strata-view PATH/TO/strata_viewer_snapshot_fixture ARTIFACTS_DIR [PATH/TO/strata-plan]
 set -euo pipefail
@@ -83,8 +83,8 @@ check big "$work/big.json" --max-ready-ms 5000
 
 pages=3
 if [ -n "$plan" ]; then
-  # From the repository's root, so that the report names the trace as a user would.
-  (cd "$here/../.." && "$plan" bench/traces/vit_train_2streams.csv.gz --capacity H100-80GB --no-progress \
+  # The README's demo, from the repository's root, so that the report names the trace as a user would.
+  (cd "$here/../.." && "$plan" bench/traces/bert_train_varlen.csv.gz --capacity 15GiB --no-progress \
      --json "$work/plan.json" --html "$work/plan.html") >"$work/plan.log" 2>&1 ||
     { echo "FAIL strata-plan --html:"; cat "$work/plan.log"; failed=$((failed + 1)); }
   check plan "$work/plan.json"
