@@ -29,7 +29,7 @@ def workload(rng, kind, ops):
     if kind == 'training':
         weights = 3 * GiB + rng.randrange(512) * MiB
         live = weights
-        step_ops = max(50, ops // 12)
+        step_ops = max(50, min(ops // 12, 2000))
         while len(out) < ops:
             for _ in range(step_ops // 2):  # forward: activations pile up
                 size = round_up(rng.choice([rng.randrange(1, 64) * 64 * KiB, rng.randrange(2, 96) * MiB]), 512)
@@ -131,8 +131,8 @@ def largest_free(snap):
 
 STACKS = [
     ("default_pool", "the recommended stack: stream_ordered<coalescing_pool> (simulated twin planning_pool)", 'pool'),
-    ("cudamalloc_baseline", "every allocation its own cudaMalloc (2 MiB rounding)", 'baseline'),
-    ("pytorch_like_caching", "a model of PyTorch's caching allocator (512 B rounding, 2/20 MiB segments)", 'torch'),
+    ("cudamalloc_baseline", "baseline: every allocation its own cudaMalloc (2 MiB rounding)", 'baseline'),
+    ("pytorch_like_caching", "baseline: a model of PyTorch's caching allocator (512 B rounding, 2/20 MiB segments)", 'torch'),
 ]
 
 
@@ -176,10 +176,12 @@ def report(big):
     traces = []
     if big:
         live = workload(rng, 'training', 400_000)
-        stacks = [stack_entry(rng, n, d, st, live, None, None, 20_000 if i == 0 else 500, [], 96 * MiB)
+        stacks = [stack_entry(rng, n, d, st, live, None, None, 21_000 if i == 0 else 500, [], 96 * MiB)
                   for i, (n, d, st) in enumerate(STACKS[:2])]
         traces.append({"trace": "synthetic_400k", "operations": len(live), "scale": 1.0, "capacity": None,
                        "stacks": stacks})
+        blocks = sum(len(seg["blocks"]) for seg in stacks[0]["peak_map"]["snapshot"]["segments"])
+        assert blocks >= 20_000 and all(len(s["timeline"]["op"]) == 400_000 for s in stacks), blocks
     else:
         live = workload(rng, 'training', 4_000)
         traces.append({"trace": "training_step (timelines not downsampled)", "operations": len(live), "scale": 1.0,

@@ -101,6 +101,37 @@ TEST_CASE("json: bad text is refused with its line, column and what was wrong")
   CHECK(parse_failure(std::string(300, '[') + std::string(300, ']')) == "line 1, column 258: nested deeper than 256 levels");
 }
 
+TEST_CASE("json: every truncation of a report is refused, and damaged bytes never crash the reader")
+{
+  const std::string text = minimal_report;
+  std::size_t refused = 0;
+  for (std::size_t n = 0; n < text.size(); ++n) {
+    try {
+      json::parse(std::string_view(text).substr(0, n));
+    } catch (const json::parse_error&) {
+      ++refused;
+    }
+  }
+  CHECK(refused == text.size());
+  // Each byte in turn replaced by characters that matter to JSON: the reader parses or refuses, and a
+  // document it accepts is still checked (render_any_html) without any other exception escaping.
+  std::size_t parsed = 0, rejected = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (char c : {'"', '{', ']', ',', '\\', '0', '\0'}) {
+      std::string damaged = text;
+      damaged[i] = c;
+      try {
+        strata::viewer::render_any_html(damaged);
+        ++parsed;
+      } catch (const shape_error&) {
+        ++rejected;
+      }
+    }
+  }
+  CHECK(parsed + rejected == 7 * text.size());
+  CHECK(rejected > parsed);
+}
+
 TEST_CASE("check_document tells a report from a snapshot")
 {
   CHECK(strata::viewer::check_document(json::parse(minimal_report)) == strata::viewer::document_kind::report);

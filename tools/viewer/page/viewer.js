@@ -15,6 +15,7 @@
   var TIMES = '\u00d7', GEQ = '\u2265', DOT = '\u00b7', DASH = '\u2014';
 
   var stats = { series: 0, points: 0, maps: 0, blocks: 0, segments: 0, rects: 0 };
+  var selectors = [];  // per trace: {count, select(i)}, for the self-test
 
   // ---------------------------------------------------------------- formatting
   var UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
@@ -224,20 +225,23 @@
     var total = 0;
     segments.forEach(function (s) { total += s.size; });
     var rows = Math.min(48, Math.max(8, Math.ceil(Math.sqrt(segments.length)))), rowW = width - 8;
-    var perPx = total / (rows * rowW), cursor = 0;  // cursor: pixels laid so far, row-major
+    // A gap between segments where it costs little room; boundary lines (drawn later) otherwise.
+    var segGap = segments.length * 3 <= 0.1 * rows * rowW ? 3 : 0;
+    var perPx = total / (rows * rowW - segGap * segments.length), cursor = 0;  // cursor: pixels laid, row-major
     segments.forEach(function (s, i) {
       var from = 0;
-      while (from < s.size) {
+      while (s.size - from > perPx * 1e-3) {  // what is left after rounding is not a piece
         var row = Math.floor(cursor / rowW), x = cursor - row * rowW;
-        var room = (rowW - x) * perPx, take = Math.min(room, s.size - from);
-        if (take <= 0) { cursor = (row + 1) * rowW; continue; }
-        pieces.push({ seg: i, from: from, to: from + take, x: 4 + x, y: 4 + row * (rowH + gap), w: take / perPx, h: rowH });
+        if (rowW - x < 0.5) { cursor = (row + 1) * rowW; continue; }  // no slivers at a row's end
+        var take = Math.min((rowW - x) * perPx, s.size - from);
+        pieces.push({ seg: i, from: from, to: from + take, x: 4 + x, y: 4 + row * (rowH + 6), w: take / perPx, h: rowH });
         cursor += take / perPx;
         from += take;
       }
+      cursor += segGap;
     });
     var usedRows = Math.ceil(cursor / rowW - 1e-9);
-    return { pieces: pieces, height: 8 + Math.max(1, usedRows) * (rowH + gap), labels: false, perPx: perPx };
+    return { pieces: pieces, height: 8 + Math.max(1, usedRows) * (rowH + 6), labels: false, perPx: perPx, gap: segGap };
   }
 
   function firstBlockAt(blocks, offset) {  // the first block whose end is past `offset` (blocks sorted)
@@ -320,22 +324,29 @@
     return lines.join('\n');
   }
 
-  // The map of one snapshot, with the request's place (largest_request, may be null) and its words.
-  function renderMap(container, snapshot, largest) {
+  // The map of one snapshot, with the request's place (largest_request, may be null) and its words. `stack`
+  // (null for a lone snapshot) is the report's entry, whose figures outrank what the snapshot suggests: a
+  // page-mapped pool's segments are address ranges, and their free blocks may have no memory behind them.
+  function renderMap(container, snapshot, largest, stack) {
     container.textContent = '';
     var s = summarize(snapshot);
     stats.maps++; stats.blocks += s.blocks; stats.segments += s.segments;
-    container.appendChild(el('div', { cls: 'map-facts' },
-      fmtCount(s.segments) + ' segment' + (s.segments === 1 ? '' : 's') + ' holding ' + fmtBytes(s.reserved) + ' ' + DOT + ' ' +
+    var facts = fmtCount(s.segments) + ' segment' + (s.segments === 1 ? '' : 's') + ' spanning ' + fmtBytes(s.reserved) + ' ' + DOT + ' ' +
       fmtCount(s.blocks) + ' blocks (' + fmtCount(s.used) + ' used: ' + fmtBytes(s.inUse) + ', ' + fmtCount(s.free) + ' free: ' +
-      fmtBytes(s.freeBytes) + ') ' + DOT + ' largest free block ' + fmtBytes(s.largestFree)));
+      fmtBytes(s.freeBytes) + ') ' + DOT + ' largest free block ' + fmtBytes(s.largestFree);
+    container.appendChild(el('div', { cls: 'map-facts' }, facts));
+    if (stack && typeof stack.peak_reserved === 'number' && s.reserved > stack.peak_reserved * 1.001) {
+      container.appendChild(el('div', { cls: 'map-facts', text: 'The stack held ' + fmtBytes(stack.peak_reserved) + ' of memory at its peak: ' +
+        'the rest of these segments is address space reserved without memory behind it (a page-mapped pool maps pages only where blocks need them).' }));
+    }
+    var largestFree = stack && typeof stack.largest_free_at_peak === 'number' ? stack.largest_free_at_peak : s.largestFree;
     var request = null;
     if (largest) {
       var box = el('div', { cls: 'request' });
       if (largest.segment === null || largest.segment === undefined) {
         box.className = 'request none';
         box.textContent = 'The biggest request of the trace, ' + fmtBytes(largest.size) + ', needs new memory at this moment: no free block ' +
-          GEQ + ' ' + fmtBytes(largest.size) + ' (the largest is ' + fmtBytes(s.largestFree) + ').';
+          GEQ + ' ' + fmtBytes(largest.size) + ' (the largest free block with memory behind it is ' + fmtBytes(largestFree) + ').';
       } else {
         var seg = snapshot.segments[largest.segment], blockEnd = largest.offset + largest.size;
         var bi = seg ? firstBlockAt(seg.blocks, largest.offset) : -1;
@@ -356,11 +367,12 @@
     container.appendChild(legend);
     if (s.segments === 0) { container.appendChild(el('p', { cls: 'empty', text: 'No memory held at this moment.' })); return; }
 
-    var holder = el('div', { cls: 'map' }), canvas = el('canvas');
+    var holder = el('div', { cls: 'map' }), canvas = el('canvas', { role: 'img', 'aria-label': 'memory map: ' + facts });
     holder.appendChild(canvas);
     container.appendChild(holder);
     var width = Math.max(400, holder.clientWidth || 1200), layout = layoutMap(snapshot.segments, width);
     var ctx = sizeCanvas(canvas, width, layout.height);
+    canvas.strataLayout = layout;
     ctx.font = '11px "DejaVu Sans Mono", monospace';
     ctx.textBaseline = 'middle';
     layout.pieces.forEach(function (p) {
@@ -374,10 +386,10 @@
       }
     });
     if (!layout.labels) {
-      holder.insertBefore(el('div', { cls: 'map-facts', text: 'Segments laid end to end in address order and wrapped; 1 pixel = ' +
-        fmtBytes(layout.perPx) + '. Thin dark lines: segment boundaries.' }), canvas);
+      holder.insertBefore(el('div', { cls: 'map-facts', text: fmtCount(s.segments) + ' segments laid end to end in address order and wrapped; 1 pixel = ' +
+        fmtBytes(layout.perPx) + (layout.gap ? '; a gap between segments.' : '; thin dark lines: segment boundaries.') }), canvas);
       ctx.fillStyle = '#3e4c59';
-      layout.pieces.forEach(function (p) { if (p.from === 0 && p.w >= 3) ctx.fillRect(p.x, p.y - 2, 1, p.h + 4); });
+      if (!layout.gap) layout.pieces.forEach(function (p) { if (p.from === 0 && p.w >= 3) ctx.fillRect(p.x, p.y - 2, 1, p.h + 4); });
     }
     canvas.onmousemove = function (event) {
       var rect = canvas.getBoundingClientRect(), x = event.clientX - rect.left, y = event.clientY - rect.top;
@@ -399,7 +411,9 @@
     var facts = fmtCount(trace.operations) + ' operations';
     if (trace.scale !== undefined && trace.scale !== null && trace.scale !== 1) facts += ' ' + DOT + ' sizes scaled ' + TIMES + trace.scale;
     facts += ' ' + DOT + ' ' + (trace.capacity === null || trace.capacity === undefined ? 'no capacity given' : 'capacity ' + fmtBytes(trace.capacity));
-    section.appendChild(el('div', { cls: 'trace-head' }, el('h2', { text: trace.trace }), el('span', { cls: 'facts', text: facts })));
+    // The file's name as the title (a trace named by a long path stays readable); the whole name on hover.
+    var short = String(trace.trace).split('/').pop() || String(trace.trace);
+    section.appendChild(el('div', { cls: 'trace-head' }, el('h2', { text: short, title: trace.trace }), el('span', { cls: 'facts', text: facts })));
 
     // Figures.
     var hasMaps = stacks.some(function (s) { return s.map_calls !== null && s.map_calls !== undefined; });
@@ -420,7 +434,7 @@
     stacks.forEach(function (s, i) {
       var name = el('td', null, el('span', { cls: 'stack-name', text: s.name }));
       if (i === best && stacks.length > 1) name.appendChild(el('span', { cls: 'badge', text: 'least memory' }));
-      if (/cudamalloc|pytorch|torch|baseline/i.test(s.name)) name.appendChild(el('span', { cls: 'badge base', text: 'baseline' }));
+      if (isBaseline(s)) name.appendChild(el('span', { cls: 'badge base', text: 'baseline' }));
       if (s.description) name.appendChild(el('span', { cls: 'desc', text: s.description }));
       var bar = el('span', { cls: 'bar' });
       bar.style.width = (maxReserved > 0 ? Math.max(1, 70 * s.peak_reserved / maxReserved) : 0) + 'px';
@@ -437,6 +451,8 @@
       rows.push(tr);
       tbody.appendChild(tr);
     });
+    var line = headline(stacks);
+    if (line) section.appendChild(el('p', { cls: 'headline', text: line }));
     section.appendChild(el('h3', { text: 'Figures (click a row to see its memory map)' }));
     section.appendChild(table);
 
@@ -469,7 +485,8 @@
     var charts = el('div', { cls: 'charts' });
     section.appendChild(charts);
     var canvases = stacks.map(function (s) {
-      var c = el('canvas'), title = el('div', { cls: 'title' }, el('b', { text: s.name, title: s.description || s.name }),
+      var c = el('canvas', { role: 'img', 'aria-label': s.name + ': reserved and live memory over the trace; peak reserved ' +
+        fmtBytes(s.peak_reserved) + ', peak live ' + fmtBytes(s.peak_live) }), title = el('div', { cls: 'title' }, el('b', { text: s.name, title: s.description || s.name }),
         el('span', { text: 'peak ' + fmtBytes(s.peak_reserved) + ' / live ' + fmtBytes(s.peak_live) }));
       charts.appendChild(el('div', { cls: 'chart' }, title, c));
       return c;
@@ -503,10 +520,29 @@
       }
       when.textContent = stacks[i].name + ' at operation ' + fmtCount(pm.at_op) + ', its peak reserved' +
         (pm.snapshot.box && pm.snapshot.box !== stacks[i].name ? ' ' + DOT + ' the snapshot of its ' + pm.snapshot.box : '');
-      renderMap(mapBox, pm.snapshot, pm.largest_request || null);
+      renderMap(mapBox, pm.snapshot, pm.largest_request || null, stacks[i]);
     }
     chooser.onchange = function () { select(Number(chooser.value)); };
     if (stacks.length) select(0);
+    selectors.push({ count: stacks.length, select: select });
+  }
+
+  function isBaseline(stack) {
+    // strata-plan describes its two baselines as "baseline: ..."; other reports may only name them.
+    return /^baseline/i.test(stack.description || '') || /baseline|cudamalloc|pytorch|torch/i.test(stack.name);
+  }
+
+  // The answer the report exists for: what the first (recommended) stack needs against the baselines.
+  function headline(stacks) {
+    var first = stacks[0];
+    if (!first || isBaseline(first) || typeof first.min_capacity !== 'number') return '';
+    var parts = stacks.filter(function (s) { return isBaseline(s) && typeof s.min_capacity === 'number'; }).map(function (s) {
+      var more = first.min_capacity > 0 ? (s.min_capacity / first.min_capacity - 1) * 100 : 0;
+      return (s.description || s.name).replace(/^baseline:\s*/i, '') + ' needs ' + fmtBytes(s.min_capacity) +
+        ' (' + (more >= 0 ? '+' : '') + more.toFixed(1) + '%)';
+    });
+    if (!parts.length) return '';
+    return first.name + ' fits in ' + fmtBytes(first.min_capacity) + '; ' + parts.join('; ') + '.';
   }
 
   function renderReport(app, report) {
@@ -524,7 +560,7 @@
     app.appendChild(el('p', { cls: 'sub', text: 'Every segment the pool holds from its upstream, with its blocks in address order.' }));
     var section = el('section', { cls: 'trace' });
     app.appendChild(section);
-    renderMap(section, snapshot, null);
+    renderMap(section, snapshot, null, null);
   }
 
   // ---------------------------------------------------------------- main
@@ -548,4 +584,30 @@
   body.setAttribute('data-render-ms', (performance.now() - started).toFixed(1));
   body.setAttribute('data-ready-ms', performance.now().toFixed(1));  // since navigation began: parsing included
   if (body.getAttribute('data-errors') === '0') body.setAttribute('data-rendered', 'ok');
+  if (location.hash === '#selftest') selfTest();
+
+  // CI opens the page as page.html#selftest (check_viewer.sh): show every stack's map once, and hover a
+  // map and a chart, so that code which only runs on interaction runs too; a script error there is counted
+  // by window.onerror like any other. The tooltips' text is left on <body> for the check.
+  function selfTest() {
+    selectors.forEach(function (sel) {
+      for (var i = 0; i < sel.count; i++) sel.select(i);
+      sel.select(0);
+    });
+    function hover(canvas, x, y) {
+      var rect = canvas.getBoundingClientRect();
+      canvas.dispatchEvent(new MouseEvent('mousemove', { clientX: rect.left + x, clientY: rect.top + y, bubbles: true }));
+      var text = tip.hidden ? '' : tip.textContent;
+      hideTip();
+      return text;
+    }
+    var map = document.querySelector('.map canvas');
+    if (map && map.strataLayout && map.strataLayout.pieces.length) {
+      var p = map.strataLayout.pieces[0];
+      body.setAttribute('data-hover-map', hover(map, p.x + Math.min(p.w, 40) / 2, p.y + p.h / 2));
+    }
+    var chart = document.querySelector('.chart canvas');
+    if (chart) body.setAttribute('data-hover-chart', hover(chart, chart.clientWidth / 2, 60));
+    body.setAttribute('data-selftest', 'done');
+  }
 })();
