@@ -37,6 +37,12 @@ STRATA_ALLOC_API void* strata_malloc(size_t size, int device, cudaStream_t strea
  * otherwise) carrying the message: PyTorch turns it into a Python RuntimeError naming strata, and the
  * process keeps working. For change_current_allocator only (a C caller must use strata_malloc). */
 STRATA_ALLOC_API void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream);
+/* What strata_malloc_or_throw calls on out of memory, with the message, before throwing std::bad_alloc
+ * itself: a function that throws the framework's own type (libstrata_torch_hooks.so installs one throwing
+ * c10::OutOfMemoryError, which Python sees as torch.OutOfMemoryError). Null restores the default. */
+STRATA_ALLOC_API void strata_set_oom_handler(void (*handler)(const char* message));
+/* Sets this thread's strata_last_error() (for companion libraries such as libstrata_torch_hooks.so). */
+STRATA_ALLOC_API void strata_report_error(const char* message);
 /* Frees on the allocation's stream (PyTorch passes it back); blocks recorded on other streams wait for them. */
 STRATA_ALLOC_API void strata_free(void* ptr, size_t size, int device, cudaStream_t stream);
 

@@ -34,6 +34,7 @@ using namespace strata::plugin;
 constexpr int max_devices = 64;
 
 thread_local std::string last_error;
+std::atomic<void (*)(const char*)> oom_handler{nullptr};
 
 void set_error(const char* where, const std::exception& e) noexcept
 {
@@ -45,7 +46,7 @@ void set_error(const char* where, const std::exception& e) noexcept
 void set_error(const char* where, const std::string& what) noexcept
 {
   try {
-    last_error = std::string("strata ") + where + ": " + what;
+    last_error = *where != '\0' ? std::string("strata ") + where + ": " + what : what;
   } catch (...) {
   }
 }
@@ -407,12 +408,17 @@ void* strata_malloc(size_t size, int device, cudaStream_t stream)
   return nullptr;
 }
 
+void strata_set_oom_handler(void (*handler)(const char* message)) { oom_handler.store(handler); }
+
+void strata_report_error(const char* message) { set_error("", std::string(message != nullptr ? message : "")); }
+
 void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream)
 {
   try {
     return allocate(size, device, stream);
   } catch (const std::bad_alloc& e) {
     set_error("malloc", e);
+    if (const auto handler = oom_handler.load()) handler(last_error.c_str());  // throws the framework's type
     throw;
   } catch (const std::exception& e) {
     set_error("malloc", e);

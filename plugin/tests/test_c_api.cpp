@@ -244,6 +244,28 @@ TEST_CASE("C API: out of memory is null, counted, and the process keeps working"
           EXPECT(threw);
           EXPECT(stat(0, "num_ooms") == 2);
           EXPECT(strata_malloc_or_throw(MiB, 0, a) != nullptr);
+          // A framework's handler throws its own type instead (libstrata_torch_hooks: c10::OutOfMemoryError).
+          struct framework_oom {
+            std::string message;
+          };
+          strata_set_oom_handler([](const char* message) { throw framework_oom{message}; });
+          std::string seen;
+          try {
+            (void)strata_malloc_or_throw(128 * MiB, 0, a);
+          } catch (const framework_oom& e) {
+            seen = e.message;
+          }
+          EXPECT(seen.find("out of memory allocating 134217728 bytes") != std::string::npos);
+          strata_set_oom_handler(nullptr);
+          threw = false;
+          try {
+            (void)strata_malloc_or_throw(128 * MiB, 0, a);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+          EXPECT(threw);
+          strata_report_error("set by a companion library");
+          EXPECT(std::strcmp(strata_last_error(), "set by a companion library") == 0);
         }) == "");
 }
 
