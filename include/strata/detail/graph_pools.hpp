@@ -114,11 +114,24 @@ public:
     return true;
   }
 
-  /// A block newly given to the pool, handed out (taken from the policy, or freed under capture from outside
-  /// the pools: then put() follows at once).
-  void adopt(pool& pl, const void* p, std::size_t bytes)
+  /// Makes the next adopt() unable to fail: a spare hash node and room in the table. Call it before taking
+  /// the block from anywhere, so a host allocation failure leaves nothing to undo.
+  void prepare_adopt()
   {
-    owners_.emplace(p, &pl);
+    if (spare_.empty()) {
+      owners_.emplace(&spare_, nullptr);  // a key no block can have
+      spare_ = owners_.extract(&spare_);
+    }
+    owners_.reserve(owners_.size() + 1);
+  }
+
+  /// A block newly given to the pool, handed out (taken from the policy, or freed under capture from outside
+  /// the pools: then put() follows at once). After prepare_adopt(): allocates nothing, cannot fail.
+  void adopt(pool& pl, const void* p, std::size_t bytes) noexcept
+  {
+    spare_.key() = p;
+    spare_.mapped() = &pl;
+    owners_.insert(std::move(spare_));
     ++pl.live_blocks;
     pl.bytes += bytes;
   }
@@ -181,7 +194,7 @@ public:
   /// Moves leave the source empty.
   graph_pools() = default;
   graph_pools(graph_pools&& other) noexcept
-      : pools_(std::move(other.pools_)), owners_(std::move(other.owners_))
+      : pools_(std::move(other.pools_)), owners_(std::move(other.owners_)), spare_(std::move(other.spare_))
   {
     other.pools_.clear();
     other.owners_.clear();
@@ -190,6 +203,7 @@ public:
   {
     pools_ = std::move(other.pools_);
     owners_ = std::move(other.owners_);
+    spare_ = std::move(other.spare_);
     other.pools_.clear();
     other.owners_.clear();
     return *this;
@@ -198,6 +212,7 @@ public:
 private:
   std::map<pool_name, pool> pools_;  // node-based: a pool's address is stable (owners_ points at it)
   std::unordered_map<const void*, pool*> owners_;
+  typename std::unordered_map<const void*, pool*>::node_type spare_;  ///< for adopt(), made by prepare_adopt()
 };
 
 /// Where a graph's end is reported: a CUDA user object's destructor runs on a CUDA internal thread, where no

@@ -703,17 +703,13 @@ private:
     }
     void* p = nullptr;
     try {
+      pools_.prepare_adopt();  // before the policy: giving a block back does not undo the policy's growth
       p = grow_pool(sh, t.capturing);
-      try {
-        pools_.adopt(*pl, p, sh.footprint);
-      } catch (...) {
-        policy_.deallocate(p, sh.request, sh.align);  // never handed out: back at once
-        throw;
-      }
     } catch (...) {
       if (fresh) pools_.erase_if_empty(*pl);
       throw;
     }
+    pools_.adopt(*pl, p, sh.footprint);
     ++counters_.pool_misses;
     return p;
   }
@@ -804,6 +800,12 @@ private:
           const std::optional<pool_target> t = target_for(stream, capturing);
           if (!t) return false;  // the caller abandons it
           pl = open_pool(*t).first;
+          try {
+            pools_.prepare_adopt();
+          } catch (...) {
+            pools_.erase_if_empty(*pl);
+            throw;
+          }
           pools_.adopt(*pl, p, sh.footprint);
           ++counters_.pool_adoptions;
           tag = t->tag;
