@@ -380,3 +380,200 @@ TEST_CASE("stream_ordered: the device-wide wait covers the policy's device, not 
   CHECK(detail::resource_device(layer.policy()) == 3);
   CHECK(detail::resource_device(coalescing_pool<simulated_source>{}) == std::nullopt);
 }
+
+TEST_CASE("graph pools: an explicit pool shared by two captures reuses across them on one stream, as PyTorch does")
+{
+  rig r;
+  const cuda::stream_ref s = r.world.create(), t = r.world.create();
+  r.layer.begin_allocate_to_pool(5);
+  r.world.begin_capture(s);
+  void* first = r.layer.allocate_async(4096, 256, s);
+  r.layer.deallocate_async(first, 4096, 256, s);
+  void* g1 = r.world.end_capture(s);
+  r.world.begin_capture(s);
+  CHECK(r.layer.allocate_async(4096, 256, s) == first);  // the later graph, same stream: PyTorch's sharing
+  r.layer.deallocate_async(first, 4096, 256, s);
+  void* g2 = r.world.end_capture(s);
+  r.world.begin_capture(t);
+  void* other = r.layer.allocate_async(4096, 256, t);  // another stream: not ordered after s's graphs
+  CHECK(other != first);
+  r.layer.deallocate_async(other, 4096, 256, t);
+  void* g3 = r.world.end_capture(t);
+  r.layer.end_allocate_to_pool(5);
+  CHECK(r.layer.private_pools() == 1);  // no automatic pool was made for the three captures
+  for (void* g : {g1, g2, g3}) r.world.destroy_graph(g);
+  r.layer.release_pool(5);
+  r.layer.release();
+  CHECK(r.policy_in_use() == 0);
+}
+
+TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep every pool to its graph")
+{
+  rig r(std::size_t{96} << 20);
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int> percent(0, 99);
+  auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+  const std::size_t shapes[] = {256, 1000, 4096, 65536, 300000};
+  const std::vector<cuda::stream_ref> streams{r.world.create(), r.world.create(), r.world.create(), r.world.create()};
+  struct block {
+    void* p;
+    std::size_t bytes;
+    std::size_t stream;
+    std::uint64_t capture;  ///< the capture it was allocated in (0: none)
+  };
+  struct graph {
+    void* handle = nullptr;
+    std::uint64_t exec = 0;
+    bool graph_alive = true, exec_alive = false;
+    std::vector<std::pair<std::uintptr_t, std::size_t>> ranges;  ///< every block the graph was given or freed
+  };
+  std::map<std::uint64_t, graph> graphs;        // by capture id, while the graph or an exec lives
+  std::map<std::size_t, std::uint64_t> active;  // capturing stream -> capture id
+  std::vector<block> live;
+  testing::live_set overlap;
+  std::size_t served = 0, captured_allocations = 0, in_graph_frees = 0, graph_ends = 0, replays = 0, refusals = 0;
+
+  auto held_by_other_graph = [&](void* p, std::size_t bytes, std::uint64_t mine) {
+    for (const auto& [id, g] : graphs)
+      if (id != mine)
+        for (const auto& [start, n] : g.ranges)
+          if (overlaps(p, r.layer.good_size(bytes), reinterpret_cast<void*>(start), n)) return true;
+    return false;
+  };
+  auto capture_of = [&](std::size_t si) -> std::uint64_t {
+    const auto it = active.find(si);
+    return it == active.end() ? 0 : it->second;
+  };
+  auto check_usage = [&] {
+    std::size_t user = 0, user_in_pools = 0;
+    for (const auto& b : live) {
+      user += r.layer.good_size(b.bytes);
+      if (b.capture != 0) user_in_pools += r.layer.good_size(b.bytes);
+    }
+    REQUIRE(r.in_use() == user + r.layer.private_pool_bytes() - user_in_pools);
+  };
+
+  for (int step = 0; step < 20'000; ++step) {
+    const int what = percent(rng);
+    if (what < 40 && live.size() < 150) {
+      const std::size_t si = pick(streams.size());
+      const std::size_t bytes = percent(rng) < 80 ? shapes[pick(5)] : 1 + pick(1 << 20);
+      const std::uint64_t cap = capture_of(si);
+      void* p = nullptr;
+      try {
+        p = r.layer.allocate_async(bytes, 256, streams[si]);
+      } catch (const out_of_memory&) {
+        ++refusals;
+        continue;
+      } catch (const usage_error&) {  // a host wait needed while another stream captures: refused, not made
+        REQUIRE(!active.empty());
+        ++refusals;
+        continue;
+      }
+      ++served;
+      REQUIRE(overlap.add({p, bytes, 256}));
+      REQUIRE_FALSE(held_by_other_graph(p, bytes, cap));
+      if (cap != 0) {
+        ++captured_allocations;
+        graphs[cap].ranges.emplace_back(reinterpret_cast<std::uintptr_t>(p), r.layer.good_size(bytes));
+      }
+      live.push_back({p, bytes, si, cap});
+    } else if (what < 75 && !live.empty()) {
+      const std::size_t i = pick(live.size());
+      const block b = live[i];
+      // A block of a capture is freed in that capture on its stream, or after it ended on any stream; any
+      // other block on its own stream (a capture may be going on there: then it joins the capture's pool).
+      std::size_t si = b.stream;
+      if (b.capture != 0 && capture_of(b.stream) != b.capture) {
+        si = pick(streams.size());
+        if (capture_of(si) != 0) continue;
+      }
+      live[i] = live.back();
+      live.pop_back();
+      REQUIRE(overlap.remove(b.p));
+      if (const std::uint64_t cap = capture_of(si); cap != 0) {
+        ++in_graph_frees;
+        graphs[cap].ranges.emplace_back(reinterpret_cast<std::uintptr_t>(b.p), r.layer.good_size(b.bytes));
+      } else {
+        r.world.launch(streams[si]);
+      }
+      r.layer.deallocate_async(b.p, b.bytes, 256, streams[si]);
+    } else if (what < 80) {  // a capture begins on one of two streams
+      const std::size_t si = 2 + pick(2);
+      if (active.contains(si)) continue;
+      const std::uint64_t id = r.world.begin_capture(streams[si]);
+      active[si] = id;
+      graphs[id].handle = nullptr;
+      // The layer learns of a capture at its first call on the capturing stream; until then another stream's
+      // growth would call cudaMalloc in the thread's own mode (invalidating a global capture, as any cudaMalloc
+      // does). A captured step starts with its allocations, as here.
+      void* first = r.layer.allocate_async(256, 256, streams[si]);
+      ++served;
+      ++captured_allocations;
+      REQUIRE(overlap.add({first, 256, 256}));
+      REQUIRE_FALSE(held_by_other_graph(first, 256, id));
+      graphs[id].ranges.emplace_back(reinterpret_cast<std::uintptr_t>(first), r.layer.good_size(256));
+      live.push_back({first, 256, si, id});
+    } else if (what < 85 && !active.empty()) {  // a capture ends; its graph is often instantiated
+      const auto it = std::next(active.begin(), static_cast<std::ptrdiff_t>(pick(active.size())));
+      graph& g = graphs[it->second];
+      g.handle = r.world.end_capture(streams[it->first]);
+      if (percent(rng) < 70) {
+        g.exec = r.world.instantiate(g.handle);
+        g.exec_alive = true;
+      }
+      active.erase(it);
+    } else if (what < 92) {  // replays, or the end of a graph or an exec
+      std::vector<std::uint64_t> ended;
+      for (auto& [id, g] : graphs) {
+        if (g.handle == nullptr) continue;  // still capturing
+        if (g.exec_alive && percent(rng) < 50) {
+          r.world.launch_graph(g.exec, streams[pick(2)]);
+          ++replays;
+        }
+        if (percent(rng) < 10) {
+          if (g.exec_alive && percent(rng) < 50) {
+            r.world.destroy_exec(g.exec);
+            g.exec_alive = false;
+          } else if (g.graph_alive) {
+            r.world.destroy_graph(g.handle);
+            g.graph_alive = false;
+          }
+          if (!g.exec_alive && !g.graph_alive) ended.push_back(id);
+        }
+      }
+      for (const std::uint64_t id : ended) {
+        graphs.erase(id);  // its blocks may go to anyone from the layer's next call on
+        ++graph_ends;
+      }
+    } else if (what < 97) {
+      r.world.finish(streams[pick(streams.size())]);
+    } else if (active.empty()) {
+      r.layer.release();
+    }
+    check_usage();
+  }
+  MESSAGE("served " << served << " (" << captured_allocations << " under capture), in-graph frees " << in_graph_frees
+                    << ", graph ends " << graph_ends << ", replays " << replays << ", refusals " << refusals
+                    << ", pool hits " << r.layer.stats().pool_hits << ", adoptions " << r.layer.stats().pool_adoptions);
+  CHECK(served > 5000);
+  CHECK(captured_allocations > 1000);
+  CHECK(in_graph_frees > 500);
+  CHECK(graph_ends > 20);
+  CHECK(replays > 100);
+  CHECK(r.layer.stats().pool_hits > 100);
+  CHECK(r.layer.stats().pool_adoptions > 10);
+  CHECK(refusals < served / 10);
+
+  for (auto& [si, id] : active) graphs[id].handle = r.world.end_capture(streams[si]);
+  for (auto& [id, g] : graphs) {
+    if (g.exec_alive) r.world.destroy_exec(g.exec);
+    if (g.graph_alive) r.world.destroy_graph(g.handle);
+  }
+  for (const auto& b : live) r.layer.deallocate_async(b.p, b.bytes, 256, streams[0]);
+  r.layer.release();
+  CHECK(r.layer.private_pools() == 0);
+  CHECK(r.in_use() == 0);
+  CHECK(r.policy_in_use() == 0);
+  CHECK(r.world.live_graphs() == 0);
+}

@@ -85,7 +85,9 @@ namespace strata {
 ///   streams the filter accepts to pool `pool` until end_allocate_to_pool(pool); release_pool(pool) says its
 ///   graphs are gone.
 /// Inside a pool a freed block is reused only by the same pool's later allocations in the same stream order
-/// (same capture and capturing stream, or same uncaptured stream), never by anyone else while the pool lives,
+/// (same capture and capturing stream, or same uncaptured stream; an explicit pool shared by several captures
+/// reuses across them on one stream, as PyTorch does, so graphs sharing a pool must be replayed in capture
+/// order and never concurrently), never by anyone else while the pool lives,
 /// so replays never race other work. A block from outside the pools freed under capture joins the capture's
 /// pool (the graph may use it at every replay). Pool blocks come from the policy, allocated during capture
 /// with the thread's capture mode relaxed around the call (so a source's cudaMalloc or cuMemCreate is legal,
@@ -653,6 +655,16 @@ private:
     return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream.get()));
   }
 
+  /// The stream order of a block freed under capture: the capturing stream within its capture. An explicit
+  /// pool may be shared by several captures (PyTorch's graph_pool_handle): there, as in PyTorch, a block freed
+  /// in one capture is reused by a later one on the same stream, which is why graphs sharing a pool must be
+  /// replayed in the order they were captured and never concurrently. An automatic pool has one capture.
+  static detail::reuse_tag captured_tag(detail::pool_name pool, std::uint64_t capture, cuda::stream_ref stream) noexcept
+  {
+    constexpr std::uint64_t any_capture_of_the_pool = ~std::uint64_t{1};
+    return {pool.automatic ? capture : any_capture_of_the_pool, handle_bits(stream)};
+  }
+
   /// Serves an allocation from a private pool when it belongs to one (true, the block in `out`); refuses an
   /// allocation under capture that cannot be served so (usage_error, nothing changed).
   bool routed(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, void*& out)
@@ -677,17 +689,18 @@ private:
   {
     // With check_capture off the caller did not ask; a route still needs to know.
     const bool in_capture = routes_.empty() ? capturing : (opts_.check_capture ? capturing : backend_.capturing(stream));
+    if (in_capture) note_capture(stream);  // so that the policy grows in relaxed mode, and host waits are refused
     for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
       if (!(it->filter ? it->filter(stream.get()) : in_capture)) continue;
       if (!in_capture) return pool_target{{it->pool, false}, {0, backend_.id_of(stream)}, nullptr, false};
       const capture_info info = backend_.capture_of(stream);
       if (!info.active) return std::nullopt;  // implicitly captured (a default stream): no capture of its own
-      return pool_target{{it->pool, false}, {info.id, handle_bits(stream)}, nullptr, true};
+      return pool_target{{it->pool, false}, captured_tag({it->pool, false}, info.id, stream), nullptr, true};
     }
     if (!capturing || !opts_.graph_pools) return std::nullopt;
     const capture_info info = backend_.capture_of(stream);
     if (!info.active) return std::nullopt;
-    return pool_target{{info.id, true}, {info.id, handle_bits(stream)}, info.graph, true};
+    return pool_target{{info.id, true}, captured_tag({info.id, true}, info.id, stream), info.graph, true};
   }
 
   /// The pool's own free block of this shape in the same stream order, else a new one from the policy.
@@ -748,28 +761,15 @@ private:
     }
   }
 
-  /// The policy's allocate, for a pool: under capture with the thread's capture mode relaxed, so that a source
-  /// may call cudaMalloc or cuMemCreate (illegal in global and thread-local capture otherwise, and not captured
-  /// either way: the memory belongs to the pool, not to the graph). A policy that must wait for the device
-  /// cannot grow under capture: its failure becomes a usage_error saying so (out of memory stays itself).
+  /// The policy's allocate, for a pool: under capture with the thread's capture mode relaxed (grow_policy).
+  /// A policy that must wait for the device cannot grow under capture: its failure becomes a usage_error
+  /// saying so (out of memory stays itself).
   void* grow_pool(const shape& sh, bool capturing)
     requires graph_backend<Backend>
   {
-    if (!capturing) return policy_.allocate(sh.request, sh.align);
-    const int previous = backend_.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
-    struct restore {
-      Backend& b;
-      int mode;
-      ~restore()
-      {
-        try {
-          (void)b.exchange_capture_mode(mode);
-        } catch (...) {
-        }
-      }
-    } restore_mode{backend_, previous};
+    if (!capturing) return grow_policy(sh);
     try {
-      return policy_.allocate(sh.request, sh.align);
+      return grow_policy(sh);
     } catch (const std::bad_alloc&) {
       throw;
     } catch (const std::exception& e) {
@@ -778,6 +778,33 @@ private:
           e.what() + "); a policy that waits for the device to grow (mapped_pool reclaiming idle memory) cannot do so "
           "under capture: warm the pool before capturing; the pool is unchanged"));
     }
+  }
+
+  /// The policy's allocate. While a stream this layer has seen capturing may still capture, with the calling
+  /// thread's capture mode relaxed around the call: a source's cudaMalloc or cuMemCreate is "potentially
+  /// unsafe" under capture, and in the default (global) mode any thread's call invalidates every capture going
+  /// on, even for an allocation on an uncaptured stream. The call is not captured either way, which is what a
+  /// pool wants (its memory belongs to the pool, not to a graph); PyTorch relaxes the mode the same way.
+  void* grow_policy(const shape& sh)
+  {
+    if constexpr (graph_backend<Backend>) {
+      if (!capturing_.empty()) {
+        const int previous = backend_.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
+        struct restore {
+          Backend& b;
+          int mode;
+          ~restore()
+          {
+            try {
+              (void)b.exchange_capture_mode(mode);
+            } catch (...) {
+            }
+          }
+        } restore_mode{backend_, previous};
+        return policy_.allocate(sh.request, sh.align);
+      }
+    }
+    return policy_.allocate(sh.request, sh.align);
   }
 
   /// A free that concerns the private pools: a pool block (filed in its pool, or, its pool released, freed the
@@ -813,7 +840,7 @@ private:
           tag = detail::reuse_tag::nowhere();
         } else if (capturing) {
           const capture_info info = backend_.capture_of(stream);
-          if (info.active) tag = {info.id, handle_bits(stream)};
+          if (info.active) tag = captured_tag(pl->name, info.id, stream);
         } else {
           try {
             tag = {0, backend_.id_of(stream)};
@@ -1182,7 +1209,7 @@ private:
     // The owner alone with the policy (one stream, nothing pending, nothing cached or set aside): nothing to
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
     if (!for_host && &s == owner_ && events_pending_ == 0 && cached_blocks_ == 0 && deferred_.empty())
-      return policy_.allocate(sh.request, sh.align);
+      return grow_policy(sh);
     if (events_pending_ > 0) reap_all(s);
     make_policy_safe_for(s, stream, for_host);
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
@@ -1191,13 +1218,13 @@ private:
       if (!deferred_.empty() && !policy_has_room(sh)) wait_for_pending_frees(/*policy_too=*/false);
     }
     try {
-      return policy_.allocate(sh.request, sh.align);
+      return grow_policy(sh);
     } catch (const std::bad_alloc&) {
       if (cached_blocks_ == 0 && deferred_.empty()) throw;
     }
     if (void* p = hand_over(sh.key, stream, s, for_host)) return p;
     wait_for_pending_frees(/*policy_too=*/false);
-    return policy_.allocate(sh.request, sh.align);
+    return grow_policy(sh);
   }
 
   bool policy_has_room(const shape& sh) const noexcept
