@@ -695,12 +695,12 @@ private:
       if (!in_capture) return pool_target{{it->pool, false}, {0, backend_.id_of(stream)}, nullptr, false};
       const capture_info info = backend_.capture_of(stream);
       if (!info.active) return std::nullopt;  // implicitly captured (a default stream): no capture of its own
-      return pool_target{{it->pool, false}, captured_tag({it->pool, false}, info.id, stream), nullptr, true};
+      return pool_target{{it->pool, false}, captured_tag(detail::pool_name{it->pool, false}, info.id, stream), nullptr, true};
     }
     if (!capturing || !opts_.graph_pools) return std::nullopt;
     const capture_info info = backend_.capture_of(stream);
     if (!info.active) return std::nullopt;
-    return pool_target{{info.id, true}, captured_tag({info.id, true}, info.id, stream), info.graph, true};
+    return pool_target{{info.id, true}, captured_tag(detail::pool_name{info.id, true}, info.id, stream), info.graph, true};
   }
 
   /// The pool's own free block of this shape in the same stream order, else a new one from the policy.
