@@ -79,8 +79,9 @@ namespace strata {
 ///   from a private pool keyed by the capture's id (cudaStreamGetCaptureInfo; never the stream's id, whose
 ///   query invalidates a capture). The pool is tied to the graph by a CUDA user object; once the graph and
 ///   every executable graph instantiated from it are destroyed (executable graphs hold the user object too, so
-///   destroying only the cudaGraph_t keeps the pool), the object's destructor, on a CUDA thread, posts the
-///   pool's id, and the layer's next call releases the pool.
+///   destroying only the cudaGraph_t keeps the pool), the object's destructor, on a CUDA thread and only once
+///   launches using it are done, posts the pool's id, and the layer's next call (or collect_released_pools())
+///   releases the pool.
 /// - Explicit mode (PyTorch's graph-pool hooks): begin_allocate_to_pool(pool, filter) routes allocations on
 ///   streams the filter accepts to pool `pool` until end_allocate_to_pool(pool); release_pool(pool) says its
 ///   graphs are gone.
@@ -91,9 +92,13 @@ namespace strata {
 /// so replays never race other work. A block from outside the pools freed under capture joins the capture's
 /// pool (the graph may use it at every replay). Pool blocks come from the policy, allocated during capture
 /// with the thread's capture mode relaxed around the call (so a source's cudaMalloc or cuMemCreate is legal,
-/// as PyTorch does); a policy that must wait for the device to grow (mapped_pool reclaiming) cannot, and that
-/// allocation throws usage_error with the policy unchanged (a failed CUDA call may still have invalidated the
-/// capture). Pool blocks count as in use until released. A released pool's free blocks, and its live blocks
+/// as PyTorch does; so is any stream's policy growth while the layer knows of a capture, since in global mode
+/// any thread's cudaMalloc invalidates every capture; a capture the layer has not seen yet, no call having
+/// been made on its stream, is not protected). A policy that must wait for the device or free memory to grow
+/// (mapped_pool reclaiming idle memory, coalescing_pool handing free chunks back: cudaFree synchronizes)
+/// cannot do so under capture in any mode: that allocation throws usage_error with the policy unchanged (the
+/// failed CUDA call may still have invalidated the capture); warm the pool before capturing. Pool blocks
+/// count as in use until released. A released pool's free blocks, and its live blocks
 /// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
 /// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
 /// wait is legal then): launch a graph after the work that preceded its capture, or ordered after it (as
