@@ -76,6 +76,7 @@ struct device_slot {
   std::size_t device_memory = 0;
   device_stats stats;
   std::unordered_map<void*, cupy_block> cupy;
+  int routes = 0;  ///< graph pools being allocated to (a capture may be under way: no event queries then)
 };
 
 struct plugin_state {
@@ -253,7 +254,9 @@ void account_free(device_slot& s, std::size_t size) noexcept
 /// once (release_on_oom); failing that, num_ooms counts it and the exception goes to the caller.
 void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
 {
-  s.stack->reap();
+  // Held blocks are given back only outside captures: querying an event during a global-mode capture is
+  // illegal (PyTorch's caching allocator skips its event processing then too).
+  if (s.routes == 0) s.stack->reap();
   if (size > s.cap - std::min(s.cap, s.stats.allocated)) {
     ++s.stats.num_ooms;
     throw out_of_memory("strata plug-in", size, "limit " + std::to_string(s.cap) + " bytes, " + std::to_string(s.stats.allocated) + " in use");
@@ -682,7 +685,9 @@ void strata_begin_allocate_to_pool(int device, std::pair<unsigned long long, uns
   try {
     device_slot& s = slot_for(device);
     std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
     s.stack->begin_allocate_to_pool(pool_key(pool), std::move(filter));
+    ++s.routes;
   } catch (const std::exception& e) {
     set_error("begin_allocate_to_pool", e);
     throw std::runtime_error(last_error);
@@ -695,6 +700,7 @@ void strata_end_allocate_to_pool(int device, std::pair<unsigned long long, unsig
     device_slot& s = slot_for(device);
     std::lock_guard lock(*s.mutex);
     s.stack->end_allocate_to_pool(pool_key(pool));
+    if (s.routes > 0) --s.routes;
   } catch (const std::exception& e) {
     set_error("end_allocate_to_pool", e);
     throw std::runtime_error(last_error);

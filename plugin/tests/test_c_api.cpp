@@ -557,21 +557,38 @@ TEST_CASE("C API: threads allocate and free concurrently, each on its own stream
         }) == "");
 }
 
-TEST_CASE("C API: graph-pool hooks with PyTorch's signatures")
+TEST_CASE("C API: graph-pool hooks route a stream's allocations to a private pool until it is released")
 {
   CHECK(in_child([](expectations& ex) {
           EXPECT(strata_configure("stack=simulated") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), c = strata_sim_stream_create(0);
+          static cudaStream_t captured = nullptr;  // what PyTorch's filter accepts: the capturing stream
+          captured = c;
           const std::pair<unsigned long long, unsigned long long> pool{1, 0};
-          try {
-            strata_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return false; });
-            strata_end_allocate_to_pool(0, pool);
-            strata_release_pool(0, pool);
-          } catch (const std::runtime_error& e) {
-            // A stream layer without private pools says so where the capture starts.
-            EXPECT(std::strstr(e.what(), "private pools") != nullptr);
-            EXPECT(mentions("private pools"));
-          }
-          EXPECT(strata_malloc(MiB, 0, nullptr) != nullptr);  // usable either way
+          strata_begin_allocate_to_pool(0, pool, [](cudaStream_t s) { return s == captured; });
+          void* p = strata_malloc(MiB, 0, c);  // into the pool
+          EXPECT(p != nullptr);
+          strata_free(p, MiB, 0, c);           // freed inside the graph: reusable by the pool only
+          void* q = strata_malloc(MiB, 0, a);  // another stream, outside the pool
+          EXPECT(q != nullptr && q != p);
+          void* r = strata_malloc(MiB, 0, c);  // the pool's own later allocation may take it back
+          EXPECT(r != nullptr);
+          strata_end_allocate_to_pool(0, pool);
+          void* after_end = strata_malloc(MiB, 0, c);  // routing stopped: from the common pool
+          EXPECT(after_end != nullptr && after_end != r);
+          strata_free(q, MiB, 0, a);
+          strata_free(after_end, MiB, 0, c);
+          strata_free(r, MiB, 0, c);  // a live pool block freed: it stays the pool's
+          strata_release_pool(0, pool);  // the graph is gone
+          strata_reset();
+          EXPECT(stat(0, "reserved_bytes.all.current") == 0);  // every pool block came back and was released
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          // A user MemPool's id {0, n} is another pool than the graph pool {n, 0}.
+          strata_begin_allocate_to_pool(0, {0, 1}, [](cudaStream_t) { return true; });
+          EXPECT(strata_malloc(MiB, 0, a) != nullptr);
+          strata_end_allocate_to_pool(0, {0, 1});
+          strata_release_pool(0, {1, 0});  // releasing the other one (gone already) changes nothing
+          EXPECT(stat(0, "allocated_bytes.all.current") == static_cast<long long>(MiB));
         }) == "");
 }
 
