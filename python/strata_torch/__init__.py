@@ -41,7 +41,7 @@ _HOOKS = [
 ]
 
 _lock = threading.Lock()
-_allocator = None      # the one torch.cuda.memory.CUDAPluggableAllocator of this process
+_allocators = {}      # "process" / "pool" -> torch.cuda.memory.CUDAPluggableAllocator
 _wired = {}            # setter name -> symbol, for the hooks handed to PyTorch
 _enabled_conf = None   # the configuration enable() applied (None: not enabled process-wide)
 _applied_conf = None   # the last configuration applied by this module, by any function
@@ -83,21 +83,30 @@ def _apply(conf):
     validate(conf)
 
 
-def _pluggable_allocator():
-    """The process's CUDAPluggableAllocator over the plug-in, with every hook PyTorch offers wired."""
-    global _allocator
-    if _allocator is not None:
-        return _allocator
+def _pluggable_allocator(process_wide):
+    """A CUDAPluggableAllocator over the plug-in (one of each kind per process).
+
+    Process-wide (change_current_allocator) PyTorch 2.11 does not check the allocation function's result, so
+    a null would become a tensor without memory: that allocator uses strata_malloc_or_throw, whose failure
+    reaches Python as an exception. Under a MemPool PyTorch's caching allocator checks for null itself and
+    raises torch.OutOfMemoryError, so that one uses strata_malloc. Every optional hook PyTorch offers is wired
+    on the process-wide one (the caching allocator never calls a pool allocator's hooks).
+    """
+    key = "process" if process_wide else "pool"
+    if key in _allocators:
+        return _allocators[key]
     torch = _torch()
     lib = _library.load()
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "strata_malloc", "strata_free")
-    raw = allocator.allocator()
-    for setters, symbol in _HOOKS:
-        setter = next((s for s in setters if hasattr(raw, s)), None)
-        if setter is not None and lib.has(symbol):
-            getattr(raw, setter)(lib.address(symbol))
-            _wired[setter] = symbol
-    _allocator = allocator
+    alloc_fn = "strata_malloc_or_throw" if process_wide and lib.has("strata_malloc_or_throw") else "strata_malloc"
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, alloc_fn, "strata_free")
+    if process_wide:
+        raw = allocator.allocator()
+        for setters, symbol in _HOOKS:
+            setter = next((s for s in setters if hasattr(raw, s)), None)
+            if setter is not None and lib.has(symbol):
+                getattr(raw, setter)(lib.address(symbol))
+                _wired[setter] = symbol
+    _allocators[key] = allocator
     return allocator
 
 
@@ -114,13 +123,13 @@ def enable(conf=DEFAULT_CONF):
     with _lock:
         if _enabled_conf is not None:
             if conf == _enabled_conf:
-                return _allocator
+                return _allocators["process"]
             raise RuntimeError(f"strata_torch.enable: already enabled with {_enabled_conf!r}; the allocator of a "
                                f"process is chosen once, so {conf!r} cannot replace it")
         if torch.cuda.is_initialized():
             raise RuntimeError(_too_late("CUDA is already initialized in this process"))
         _apply(conf)
-        allocator = _pluggable_allocator()
+        allocator = _pluggable_allocator(process_wide=True)
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
@@ -161,7 +170,7 @@ def MemPool(conf=None, use_on_oom=False):
             validate(conf)
         else:
             _apply(None)
-        allocator = _pluggable_allocator()
+        allocator = _pluggable_allocator(process_wide=False)
     return torch.cuda.MemPool(allocator.allocator(), use_on_oom=use_on_oom)
 
 

@@ -73,6 +73,8 @@ _VOIDP, _SIZE, _INT, _DOUBLE, _CHARP = ctypes.c_void_p, ctypes.c_size_t, ctypes.
 _PROTOTYPES = [
     ("strata_malloc", _VOIDP, [_SIZE, _INT, _VOIDP], True),
     ("strata_free", None, [_VOIDP, _SIZE, _INT, _VOIDP], True),
+    # Throws a C++ exception on failure: only for PyTorch's process-wide path, never called through ctypes.
+    ("strata_malloc_or_throw", None, None, False),
     ("strata_configure", _INT, [_CHARP], True),
     ("strata_check_env", _INT, [], True),
     ("strata_last_error", _CHARP, [], True),
