@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -165,10 +164,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "log.txt"), "w")
     parts = set(filter(None, args.only.split(","))) or {"correctness", "perf", "oom", "examples", "memcheck"}
-    import torch
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}; plug-in "
-          f"{os.environ.get('STRATA_ALLOC_LIBRARY', '(installed package)')}", flush=True)
-    results["environment"] = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
+    # Asked in a child: this process must not hold a CUDA context (memory) while the runs measure.
+    probe = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.__version__, "
+                            "torch.cuda.get_device_name(0)]))"], capture_output=True, text=True)
+    version, device = json.loads(probe.stdout) if probe.returncode == 0 else ("?", "?")
+    print(f"torch {version}, {device}; plug-in {os.environ.get('STRATA_ALLOC_LIBRARY', '(installed package)')}",
+          flush=True)
+    results["environment"] = {"torch": version, "device": device}
     started = time.time()
     rows = []
     if "correctness" in parts:
