@@ -13,9 +13,11 @@ torch is imported lazily, inside the functions that need it, so configuration ch
 summary work where PyTorch is not installed.
 """
 
+import ctypes
 import os
 import sys
 import threading
+import warnings
 
 from . import _library, _stats
 from ._library import ConfigError, library_path
@@ -43,6 +45,7 @@ _HOOKS = [
 _lock = threading.Lock()
 _allocators = {}      # "process" / "pool" -> torch.cuda.memory.CUDAPluggableAllocator
 _wired = {}            # setter name -> symbol, for the hooks handed to PyTorch
+_hooks_library = []    # libstrata_torch_hooks.so once loaded
 _enabled_conf = None   # the configuration enable() applied (None: not enabled process-wide)
 _applied_conf = None   # the last configuration applied by this module, by any function
 
@@ -137,7 +140,31 @@ def enable(conf=DEFAULT_CONF):
                 raise RuntimeError(_too_late(f"PyTorch refused: {e}")) from e
             raise
         _enabled_conf = conf
+        if not _wired:
+            _wire_through_hooks_library()
         return allocator
+
+
+def _wire_through_hooks_library():
+    """PyTorch 2.11's Python objects may not offer the set_*_fn hooks; then a small C++ library built against
+    PyTorch's headers sets them on the current allocator (strata_torch_wire_hooks). Without either, strata
+    still allocates, but empty_cache, record_stream and CUDA graphs bypass it: said once, as a warning."""
+    lib = _library.load()
+    path = _library.hooks_library_path(lib.path)
+    if path is None:
+        warnings.warn("strata_torch: this PyTorch does not let Python set the allocator's hooks and "
+                      f"{_library.HOOKS_LIBRARY_NAME} was not found (build it where PyTorch is installed, see "
+                      "docs/pytorch.md): empty_cache(), record_stream() and CUDA graphs will not reach strata",
+                      RuntimeWarning, stacklevel=3)
+        return
+    hooks_lib = ctypes.CDLL(path)
+    wire = hooks_lib.strata_torch_wire_hooks
+    wire.restype, wire.argtypes = ctypes.c_int, []
+    if wire() != 0:
+        raise RuntimeError(f"strata_torch: {path} could not set the allocator hooks: {lib.last_error()}")
+    _hooks_library.append(hooks_lib)   # keep it loaded: PyTorch now holds pointers into it
+    for setters, symbol in _HOOKS:
+        _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
 
 
 def _too_late(why):

@@ -19,6 +19,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
 
 
+HOOKS_LIBRARY_NAME = "libstrata_torch_hooks.so"
+ENV_HOOKS_LIBRARY = "STRATA_TORCH_HOOKS_LIBRARY"
+
+
 class ConfigError(ValueError):
     """A configuration string the plug-in refused; the message is the plug-in's, naming the key or value."""
 
@@ -65,6 +69,22 @@ def library_path(env=None, package_dir=None, repo_root=None):
     raise FileNotFoundError(
         f"{LIBRARY_NAME} not found; looked in: {', '.join(paths)}. Install the package (pip install .), "
         f"build the CMake target strata_alloc, or set {ENV_LIBRARY} to the library's path")
+
+
+def hooks_library_path(alloc_path, env=None):
+    """libstrata_torch_hooks.so (built against PyTorch's headers; sets the allocator hooks PyTorch 2.11 keeps
+    out of Python's reach): STRATA_TORCH_HOOKS_LIBRARY, else beside libstrata_alloc.so. None if absent."""
+    env = os.environ if env is None else env
+    explicit = env.get(ENV_HOOKS_LIBRARY)
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise FileNotFoundError(f"{ENV_HOOKS_LIBRARY}={explicit!r}: no such file")
+        return os.path.abspath(explicit)
+    beside = os.path.join(os.path.dirname(alloc_path), HOOKS_LIBRARY_NAME)
+    if os.path.isfile(beside):
+        return beside
+    found = glob.glob(os.path.join(os.path.dirname(alloc_path), "**", HOOKS_LIBRARY_NAME), recursive=True)
+    return found[0] if found else None
 
 
 # (name, restype, argtypes, required). Optional symbols are the hooks PyTorch may be given; a library

@@ -54,6 +54,13 @@ def _cell(value, is_bytes):
     return format_bytes(value) if is_bytes else str(value)
 
 
+def _limit(value):
+    # The plug-in reports "no limit" as the largest size_t.
+    if value is None:
+        return "-"
+    return "none" if value >= 2**63 else format_bytes(value)
+
+
 def summary(stats, device=0):
     """A fixed-width table of one device's statistics (from memory_stats()). Missing keys print as '-'."""
     stats = flatten(stats)
@@ -75,6 +82,8 @@ def summary(stats, device=0):
         ("Peak reserved / peak allocated", ratio),
         ("Fragmentation", "-" if get("strata.fragmentation") is None else f"{get('strata.fragmentation'):.3f}"),
         ("Largest free block", _cell(get("strata.largest_free"), True)),
+        ("Freed, waiting for other streams", _cell(get("strata.held_for_other_streams_bytes"), True)),
+        ("Limit", _limit(get("strata.limit_bytes"))),
         ("Out-of-memory errors", _cell(get("num_ooms"), False)),
         ("Allocation retries", _cell(get("num_alloc_retries"), False)),
     ]

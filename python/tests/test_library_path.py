@@ -70,5 +70,25 @@ class LibraryPath(unittest.TestCase):
         self.assertEqual(paths, ["/x.so", os.path.join(self.package, "libstrata_alloc.so"), b])
 
 
+class HooksLibraryPath(unittest.TestCase):
+    def test_beside_the_plugin_or_below_it_or_none(self):
+        with tempfile.TemporaryDirectory() as root:
+            alloc = touch(os.path.join(root, "libstrata_alloc.so"))
+            self.assertIsNone(_library.hooks_library_path(alloc, env={}))
+            below = touch(os.path.join(root, "torch_hooks", "libstrata_torch_hooks.so"))
+            self.assertEqual(_library.hooks_library_path(alloc, env={}), below)
+            beside = touch(os.path.join(root, "libstrata_torch_hooks.so"))
+            self.assertEqual(_library.hooks_library_path(alloc, env={}), beside)
+
+    def test_environment_variable_must_name_a_file(self):
+        with tempfile.TemporaryDirectory() as root:
+            alloc = touch(os.path.join(root, "libstrata_alloc.so"))
+            explicit = touch(os.path.join(root, "x", "hooks.so"))
+            self.assertEqual(_library.hooks_library_path(alloc, {"STRATA_TORCH_HOOKS_LIBRARY": explicit}), explicit)
+            with self.assertRaises(FileNotFoundError) as caught:
+                _library.hooks_library_path(alloc, {"STRATA_TORCH_HOOKS_LIBRARY": explicit + ".typo"})
+            self.assertIn("STRATA_TORCH_HOOKS_LIBRARY", str(caught.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

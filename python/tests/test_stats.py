@@ -15,6 +15,7 @@ STATS = {
     "allocation.all.current": 12, "allocation.all.allocated": 1000, "allocation.all.freed": 988,
     "segment.all.current": 3, "num_ooms": 1, "num_alloc_retries": 0,
     "strata.fragmentation": 0.125, "strata.largest_free": 512 * 2**20, "strata.stack": "default",
+    "strata.held_for_other_streams_bytes": 3 * 2**20, "strata.limit_bytes": 2**64 - 1,
 }
 
 
@@ -64,6 +65,11 @@ class Summary(unittest.TestCase):
         self.assertIn("2.000", text)        # peak reserved / peak allocated = 4 GiB / 2 GiB
         self.assertIn("0.125", text)        # fragmentation
         self.assertIn("512.00 MiB", text)   # largest free block
+        self.assertRegex(text, r"waiting for other streams +\| +3.00 MiB")
+        self.assertRegex(text, r"Limit +\| +none")
+
+    def test_a_limit_prints_in_bytes(self):
+        self.assertRegex(_stats.summary(dict(STATS, **{"strata.limit_bytes": 40 * 2**30})), r"Limit +\| +40.00 GiB")
 
     def test_lines_have_one_width(self):
         widths = {len(line) for line in _stats.summary(STATS).splitlines()}

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/strata-torch-device}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
+# PyTorch's CMake package, so the plug-in's CMake also builds the hooks library (libstrata_torch_hooks.so).
+TORCH_PREFIX=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) &&
+  export CMAKE_PREFIX_PATH=$TORCH_PREFIX${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 if [[ "${STRATA_PY_INSTALL:-cmake}" == pip ]]; then
   python3 -m pip install --no-build-isolation --no-deps --target /tmp/strata-py-site . >"$OUT/build.txt" 2>&1 \
     || { echo "FAIL build: pip install (see build.txt)"; tail -30 "$OUT/build.txt"; exit 1; }
@@ -18,7 +21,7 @@ if [[ "${STRATA_PY_INSTALL:-cmake}" == pip ]]; then
 else
   { cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
       -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON &&
-    cmake --build build-device-torch --target strata_alloc -j "$(nproc)"; } >"$OUT/build.txt" 2>&1 \
+    cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } >"$OUT/build.txt" 2>&1 \
     || { echo "FAIL build: the plug-in did not build (see build.txt)"; tail -30 "$OUT/build.txt"; exit 1; }
   export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
