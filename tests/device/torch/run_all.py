@@ -136,6 +136,13 @@ def example(name, path, argv=(), timeout=120, needs=None):
     verdict(f"example {name}", rc == 0 and any(line.strip() == "OK" for line in text.splitlines()), f"rc={rc}")
 
 
+def examples():
+    example("train_one_line", "examples/torch/train_one_line.py")
+    example("scoped_mempool", "examples/torch/scoped_mempool.py")
+    example("adaptive_batch", "examples/torch/adaptive_batch.py")
+    example("cupy", "examples/cupy/cupy_example.py", needs="cupy")
+
+
 def sanitizer():
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(tool):
@@ -160,6 +167,8 @@ def main():
     p.add_argument("--only", default="", help="comma-separated subset: correctness,perf,oom,examples,memcheck")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--perf-steps", type=int, default=48)
+    p.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET_S", 400)),
+                   help="seconds after which the parts not yet started are skipped (and said so)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "log.txt"), "w")
@@ -173,19 +182,18 @@ def main():
     results["environment"] = {"torch": version, "device": device}
     started = time.time()
     rows = []
-    if "correctness" in parts:
-        correctness(args.steps)
-    if "perf" in parts:
-        rows = memory_and_speed(args.perf_steps)
-    if "oom" in parts:
-        oom()
-    if "examples" in parts:
-        example("train_one_line", "examples/torch/train_one_line.py")
-        example("scoped_mempool", "examples/torch/scoped_mempool.py")
-        example("adaptive_batch", "examples/torch/adaptive_batch.py")
-        example("cupy", "examples/cupy/cupy_example.py", needs="cupy")
-    if "memcheck" in parts:
-        sanitizer()
+    steps = [("correctness", lambda: correctness(args.steps)),
+             ("perf", lambda: rows.extend(memory_and_speed(args.perf_steps))),
+             ("oom", oom),
+             ("examples", examples),
+             ("memcheck", sanitizer)]
+    for part, step in steps:
+        if part not in parts:
+            continue
+        if time.time() - started > args.budget:   # the device call has a hard limit: say what did not run
+            verdict(f"{part} (not run)", None, f"over the {args.budget} s budget; run it with ONLY={part}")
+            continue
+        step()
     results["verdicts"] = verdicts
     results["seconds"] = time.time() - started
     with open(os.path.join(args.out, "results.json"), "w") as f:
