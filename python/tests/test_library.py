@@ -135,6 +135,36 @@ class PluginLibrary(unittest.TestCase):
         self.assertTrue(out["after"], "no allocation possible after an out-of-memory")
         self.assertGreaterEqual(out["ooms"], 1)
 
+    def test_record_then_flush_writes_the_trace(self):
+        out = self.run_scenario(
+            "import os, tempfile\n"
+            "path = os.path.join(tempfile.mkdtemp(), 'trace.csv')\n"
+            "strata_torch.record(path, conf='stack=simulated')\n"
+            "ps = [lib.malloc(s, 0, None) for s in (4096, 1 << 20, 12345)]\n"
+            "for p, s in zip(ps, (4096, 1 << 20, 12345)): lib.free(p, s, 0, None)\n"
+            "strata_torch.flush_record()\n"
+            "text = open(path).read()\n"
+            "print(json.dumps(dict(size=len(text), lines=len(text.splitlines()), stack=strata_torch.memory_stats(0)['strata.stack'])))")
+        self.assertEqual(out["stack"], "simulated")
+        self.assertGreaterEqual(out["lines"], 6, "3 allocations and 3 frees were not all recorded")
+
+    def test_cupy_entry_points_the_wrapper_relies_on(self):
+        # strata_torch.cupy hands these to CuPy's CFunctionAllocator: null (never an exception) on failure, and
+        # a free that finds the size itself (CuPy's free passes none).
+        out = self.run_scenario(
+            "import ctypes\n"
+            "strata_torch.validate('stack=simulated,limit=64MiB')\n"
+            "cm, cf = lib._functions['strata_cupy_malloc'], lib._functions['strata_cupy_free']\n"
+            "a = cm(None, 8 << 20, 0); b = cm(None, 1 << 30, 0)\n"
+            "mid = strata_torch.memory_stats(0)['allocated_bytes.all.current']\n"
+            "cf(None, a, 0)\n"
+            "end = strata_torch.memory_stats(0)['allocated_bytes.all.current']\n"
+            "print(json.dumps(dict(a=a, b=b, mid=mid, end=end)))")
+        self.assertTrue(out["a"])
+        self.assertFalse(out["b"], "1 GiB under a 64 MiB limit was served")
+        self.assertGreaterEqual(out["mid"], 8 << 20)
+        self.assertEqual(out["end"], 0)
+
 
 if __name__ == "__main__":
     unittest.main()
