@@ -113,13 +113,16 @@ def _pluggable_allocator(process_wide):
     return allocator
 
 
-def enable(conf=DEFAULT_CONF):
+def enable(conf=DEFAULT_CONF, require_hooks=True):
     """Make strata the CUDA allocator of this whole process. Must run before the first CUDA allocation.
 
     conf: a configuration string ("stack=default,limit=0.9,record=trace.csv.gz"); None takes STRATA_ALLOC_CONF.
     Checked first: ConfigError (a ValueError) names the bad key or value. RuntimeError when CUDA was
     already initialized here (PyTorch cannot swap an allocator that has served memory). Calling it again
-    with the same conf does nothing; with another, RuntimeError. Returns the CUDAPluggableAllocator.
+    with the same conf does nothing; with another, RuntimeError.
+    require_hooks: where PyTorch keeps the hook setters from Python and libstrata_torch_hooks.so is missing,
+    RuntimeError before anything changes (without the hooks, record_stream() and CUDA graphs would bypass
+    strata); False allows it, with a warning. Returns the CUDAPluggableAllocator.
     """
     global _enabled_conf
     torch = _torch()
@@ -133,6 +136,7 @@ def enable(conf=DEFAULT_CONF):
             raise RuntimeError(_too_late("CUDA is already initialized in this process"))
         _apply(conf)
         allocator = _pluggable_allocator(process_wide=True)
+        wire = None if _wired else _hooks_library_wire(require_hooks)
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
@@ -140,31 +144,41 @@ def enable(conf=DEFAULT_CONF):
                 raise RuntimeError(_too_late(f"PyTorch refused: {e}")) from e
             raise
         _enabled_conf = conf
-        if not _wired:
-            _wire_through_hooks_library()
+        if wire is not None:
+            if wire() != 0:
+                raise RuntimeError(f"strata_torch: {_library.HOOKS_LIBRARY_NAME} could not set the allocator "
+                                   f"hooks: {_library.load().last_error()}")
+            for setters, symbol in _HOOKS:
+                _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
         return allocator
 
 
-def _wire_through_hooks_library():
+def _hooks_library_wire(required):
     """PyTorch 2.11's Python objects may not offer the set_*_fn hooks; then a small C++ library built against
-    PyTorch's headers sets them on the current allocator (strata_torch_wire_hooks). Without either, strata
-    still allocates, but empty_cache, record_stream and CUDA graphs bypass it: said once, as a warning."""
+    PyTorch's headers sets them on the current allocator: returns its strata_torch_wire_hooks, loaded now (so
+    a missing or broken library fails before the allocator is swapped), to be called after the swap."""
     lib = _library.load()
     path = _library.hooks_library_path(lib.path)
+    problem = None
     if path is None:
-        warnings.warn("strata_torch: this PyTorch does not let Python set the allocator's hooks and "
-                      f"{_library.HOOKS_LIBRARY_NAME} was not found (build it where PyTorch is installed, see "
-                      "docs/pytorch.md): empty_cache(), record_stream() and CUDA graphs will not reach strata",
-                      RuntimeWarning, stacklevel=3)
-        return
-    hooks_lib = ctypes.CDLL(path)
-    wire = hooks_lib.strata_torch_wire_hooks
+        problem = f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
+    else:
+        try:
+            hooks_lib = ctypes.CDLL(path)
+            wire = hooks_lib.strata_torch_wire_hooks
+        except (OSError, AttributeError) as e:
+            problem = f"{path} does not load: {e}"
+    if problem is not None:
+        message = (f"strata_torch: this PyTorch does not let Python set the allocator's hooks, and {problem}. "
+                   "Build it where PyTorch is installed (CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see "
+                   "docs/pytorch.md). Without it empty_cache(), record_stream() and CUDA graphs bypass strata")
+        if required:
+            raise RuntimeError(message + "; enable(conf, require_hooks=False) accepts that")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return None
     wire.restype, wire.argtypes = ctypes.c_int, []
-    if wire() != 0:
-        raise RuntimeError(f"strata_torch: {path} could not set the allocator hooks: {lib.last_error()}")
-    _hooks_library.append(hooks_lib)   # keep it loaded: PyTorch now holds pointers into it
-    for setters, symbol in _HOOKS:
-        _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
+    _hooks_library.append(hooks_lib)   # kept loaded: PyTorch will hold pointers into it
+    return wire
 
 
 def _too_late(why):
