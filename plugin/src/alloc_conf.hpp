@@ -187,7 +187,7 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
 /// Parses "key=value,key=value" (spaces around keys and values are ignored; an empty string means every
 /// default). Throws conf_error naming the entry, key or value at fault: an unknown key, a bad value, a key
 /// given twice, an entry without '=' or with an empty key or value, an empty entry between commas, a
-/// simulation key without stack=simulated.
+/// simulation key without stack=simulated, peers without stack=default.
 inline alloc_conf parse_alloc_conf(std::string_view text)
 {
   using namespace detail_conf;
@@ -215,6 +215,9 @@ inline alloc_conf parse_alloc_conf(std::string_view text)
       if (seen.contains(std::string_view(k)))
         throw conf_error(std::string("STRATA_ALLOC_CONF: key '") + k + "' applies only to stack=simulated (the stack is " +
                          name_of(c.stack) + ")");
+  if (c.stack != stack_kind::default_pool && seen.contains(std::string_view("peers")))
+    throw conf_error(std::string("STRATA_ALLOC_CONF: key 'peers' applies only to stack=default (the stack is ") +
+                     name_of(c.stack) + ")");
   if (c.stack == stack_kind::simulated && c.sim_capacity < c.sim_page)
     throw conf_error("STRATA_ALLOC_CONF: sim_capacity=" + std::to_string(c.sim_capacity) + " is less than one page (sim_page=" +
                      std::to_string(c.sim_page) + ")");

@@ -70,7 +70,8 @@ struct device_slot {
   std::atomic<bool> built{false};
   std::unique_ptr<device_stack> stack;
   bool simulated = false;
-  std::size_t cap = SIZE_MAX;  ///< bytes in use allowed (limit=, set_memory_fraction)
+  std::size_t cap = SIZE_MAX;       ///< bytes in use allowed (limit=, set_memory_fraction)
+  std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
   std::size_t device_memory = 0;
   device_stats stats;
   std::unordered_map<void*, cupy_block> cupy;
@@ -167,7 +168,7 @@ void build_simulated(plugin_state& st, device_slot& s, const alloc_conf& c, int 
     throw std::invalid_argument("device " + std::to_string(device) + " does not exist (sim_devices=" + std::to_string(c.sim_devices) + ")");
   if (!st.world) st.world = std::make_unique<simulated_streams>();
   s.device_memory = c.sim_capacity;
-  s.cap = cap_of(c, c.sim_capacity);
+  s.cap = s.pool_cap = cap_of(c, c.sim_capacity);
   mapped_pool<simulated_pages>::options opts;
   opts.max_physical = std::min(s.cap, c.sim_capacity);
   s.stack = hold(planning_pool{mapped_pool<simulated_pages>{simulated_pages{c.sim_page, c.sim_capacity}, opts}, {},
@@ -181,7 +182,7 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
 {
   require_cuda_device(device);
   s.device_memory = device_total_memory(device);
-  s.cap = cap_of(c, s.device_memory);
+  s.cap = s.pool_cap = cap_of(c, s.device_memory);
   if (c.stack == stack_kind::default_pool) {
     default_pool_options o;
     o.device = device;
@@ -465,7 +466,11 @@ void strata_set_memory_fraction(double fraction, int device)
       throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
     device_slot& s = slot_for(device);
     std::lock_guard lock(*s.mutex);
-    s.cap = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
+    const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
+    s.cap = std::min(wanted, s.pool_cap);
+    if (wanted > s.pool_cap)
+      set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
+                                           std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
   } catch (const std::exception& e) {
     set_error("set_memory_fraction", e);
   }
