@@ -113,7 +113,7 @@ def _pluggable_allocator(process_wide):
     return allocator
 
 
-def enable(conf=DEFAULT_CONF, require_hooks=True):
+def enable(conf=DEFAULT_CONF, require_hooks=None):
     """Make strata the CUDA allocator of this whole process. Must run before the first CUDA allocation.
 
     conf: a configuration string ("stack=default,limit=0.9,record=trace.csv.gz"); None takes STRATA_ALLOC_CONF.
@@ -122,9 +122,12 @@ def enable(conf=DEFAULT_CONF, require_hooks=True):
     with the same conf does nothing; with another, RuntimeError.
     require_hooks: where PyTorch keeps the hook setters from Python and libstrata_torch_hooks.so is missing,
     RuntimeError before anything changes (without the hooks, record_stream() and CUDA graphs would bypass
-    strata); False allows it, with a warning. Returns the CUDAPluggableAllocator.
+    strata); False allows it, with a warning. None: STRATA_TORCH_REQUIRE_HOOKS=0 in the environment means False,
+    anything else True. Returns the CUDAPluggableAllocator.
     """
     global _enabled_conf
+    if require_hooks is None:
+        require_hooks = os.environ.get("STRATA_TORCH_REQUIRE_HOOKS", "1") != "0"
     torch = _torch()
     with _lock:
         if _enabled_conf is not None:
@@ -173,7 +176,8 @@ def _hooks_library_wire(required):
                    "Build it where PyTorch is installed (CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see "
                    "docs/pytorch.md). Without it empty_cache(), record_stream() and CUDA graphs bypass strata")
         if required:
-            raise RuntimeError(message + "; enable(conf, require_hooks=False) accepts that")
+            raise RuntimeError(message + "; enable(conf, require_hooks=False) or STRATA_TORCH_REQUIRE_HOOKS=0 "
+                               "accepts that")
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         return None
     wire.restype, wire.argtypes = ctypes.c_int, []

@@ -104,6 +104,13 @@ class EnableLogic(unittest.TestCase):
         self.assertIn(["change"], out["calls"])
         self.assertEqual(out["hooks"], {})
 
+    def test_hooks_waived_by_the_environment(self):
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "print(json.dumps(dict(r=r, calls=calls)))", setters=False, env={"STRATA_TORCH_REQUIRE_HOOKS": "0"})
+        self.assertEqual(out["r"][0], "ok")
+        self.assertIn(["change"], out["calls"])
+
     def test_a_broken_hooks_library_fails_before_the_swap(self):
         out = self.scenario(
             "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
