@@ -33,9 +33,10 @@ extern "C" {
  * (change_current_allocator) a null becomes a tensor without memory, so use strata_malloc_or_throw there.
  * size 0: null, not an error. */
 STRATA_ALLOC_API void* strata_malloc(size_t size, int device, cudaStream_t stream);
-/* The same, but a failure throws a C++ exception (std::bad_alloc on out of memory, std::runtime_error
- * otherwise) carrying the message: PyTorch turns it into a Python RuntimeError naming strata, and the
- * process keeps working. For change_current_allocator only (a C caller must use strata_malloc). */
+/* The same, but a failure throws a C++ exception carrying the message: on out of memory, whatever the handler
+ * installed by strata_set_oom_handler throws (libstrata_torch_hooks.so's: c10::OutOfMemoryError, which Python
+ * sees as torch.OutOfMemoryError), else std::bad_alloc; other failures std::runtime_error (a RuntimeError).
+ * The process keeps working. For change_current_allocator only (a C caller must use strata_malloc). */
 STRATA_ALLOC_API void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream);
 /* What strata_malloc_or_throw calls on out of memory, with the message, before throwing std::bad_alloc
  * itself: a function that throws the framework's own type (libstrata_torch_hooks.so installs one throwing
