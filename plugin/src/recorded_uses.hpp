@@ -20,7 +20,7 @@ namespace strata::plugin {
 /// allocation; `drain` host-waits for all of them (empty_cache, out of memory).
 /// If an event cannot be recorded (the stream is being captured, a CUDA error), the free waits on the host
 /// for each recorded stream instead; if even that fails, the block is abandoned (never reused), as
-/// stream_ordered does. Backend: cuda_events or simulated_events (host tests). Unsynchronized: the
+/// stream_ordered does. Events are made once and reused (spare_events). Backend: cuda_events or simulated_events (host tests). Unsynchronized: the
 /// plug-in calls it under the device's lock. Cost: record O(recorded streams of the block), a free of an
 /// unrecorded block one hash lookup (none while nothing is recorded), a held free an event record per
 /// recorded stream.
@@ -56,11 +56,11 @@ public:
       h.events.reserve(streams.size());
       held_.reserve(held_.size() + 1);  // room first: nothing below may fail once the events exist
       for (cudaStream_t s : streams) {
-        const event e = b.make_event();
+        const event e = take_event(b);
         try {
           b.record(e, cuda::stream_ref{s});
         } catch (...) {
-          b.destroy_event(e);
+          recycle(b, e);
           throw;
         }
         h.events.push_back(e);
@@ -69,7 +69,7 @@ public:
       held_.push_back(std::move(h));
       return true;
     } catch (...) {
-      for (event e : h.events) b.destroy_event(e);
+      for (event e : h.events) recycle(b, e);
     }
     // No event: the slow safe way, a wait for every device whose streams may use it.
     try {
@@ -120,7 +120,12 @@ public:
     for (held& h : held_)
       for (event e : h.events) b.destroy_event(e);
     held_.clear();
+    for (event e : spare_) b.destroy_event(e);
+    spare_.clear();
   }
+
+  /// Events kept for the next holds (each made once, then reused: PyTorch's allocator pools its events too).
+  std::size_t spare_events() const noexcept { return spare_.size(); }
 
 private:
   struct held {
@@ -141,16 +146,34 @@ private:
     }
   }
 
+  event take_event(Backend& b)
+  {
+    if (spare_.empty()) return b.make_event();
+    const event e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+
+  void recycle(Backend& b, event e) noexcept
+  {
+    try {
+      spare_.push_back(e);
+    } catch (...) {
+      b.destroy_event(e);  // no room to keep it: made again next time
+    }
+  }
+
   template <class Free>
   void give_back(Backend& b, held& h, Free& free) noexcept
   {
-    for (event e : h.events) b.destroy_event(e);
+    for (event e : h.events) recycle(b, e);
     held_bytes_ -= h.bytes;
     free(h.p, h.bytes, h.home);
   }
 
   std::unordered_map<void*, std::vector<cudaStream_t>> recorded_;
   std::vector<held> held_;
+  std::vector<event> spare_;
   std::size_t held_bytes_ = 0;
   std::size_t abandoned_ = 0;
 };

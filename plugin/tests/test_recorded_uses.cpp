@@ -69,7 +69,8 @@ TEST_CASE("recorded_uses: a block recorded on another stream waits for that stre
   CHECK(f.given_back[0].stream == f.a.get());  // back on its own stream: that stream's order covers the rest
   CHECK(f.uses.held_blocks() == 0);
   CHECK(f.uses.held_bytes() == 0);
-  CHECK(f.world.live_events() == 0);  // every event destroyed
+  CHECK(f.world.live_events() == f.uses.spare_events());  // the event is kept for the next hold, nothing leaks
+  CHECK(f.uses.spare_events() == 1);
   CHECK(f.world.ordered_after(f.world.id_of(f.a), f.world.id_of(f.b)) == 0);  // no stream made to wait
 }
 
@@ -142,7 +143,7 @@ TEST_CASE("recorded_uses: a stream being captured gets no event: the free waits 
   CHECK(f.uses.hold(f.backend, f.p, 256, f.a.get()));
   CHECK(f.uses.abandoned_blocks() == 1);
   CHECK(f.uses.held_blocks() == 0);
-  CHECK(f.world.live_events() == 0);
+  CHECK(f.world.live_events() == f.uses.spare_events());
   f.world.end_capture(f.b);
 
   // A stream destroyed before the free: neither an event nor a wait is possible; abandoned as well.
@@ -152,5 +153,30 @@ TEST_CASE("recorded_uses: a stream being captured gets no event: the free waits 
   g.world.destroy(gone);
   CHECK(g.uses.hold(g.backend, g.p, 256, g.a.get()));
   CHECK(g.uses.abandoned_blocks() == 1);
-  CHECK(g.world.live_events() == 0);
+  CHECK(g.world.live_events() == g.uses.spare_events());
+}
+
+TEST_CASE("recorded_uses: events are reused, and destroy() gives every one back")
+{
+  fixture f;
+  int returned = 0;
+  for (int i = 0; i < 100; ++i) {
+    f.uses.record(f.p, f.b.get());
+    f.uses.record(f.p, f.c.get());
+    f.world.launch(f.b);
+    REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+    f.world.finish(f.b);
+    f.world.finish(f.c);
+    f.uses.reap(f.backend, [&](void*, std::size_t, cudaStream_t) { ++returned; });
+  }
+  CHECK(returned == 100);
+  CHECK(f.world.live_events() == 2);  // two streams' worth, made once
+  CHECK(f.world.calls().records == 200);
+  f.uses.record(f.p, f.b.get());
+  f.world.launch(f.b);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));  // one held with its event at destruction
+  f.uses.destroy(f.backend);
+  CHECK(f.world.live_events() == 0);
+  CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.uses.spare_events() == 0);
 }
