@@ -1,4 +1,5 @@
 // libstrata_alloc.so on a GPU: what PyTorch does to it, with kernels that check every byte they were given.
+// Cases: two streams, threads, record_stream (and its control), reset and out of memory, a limit, device 1.
 // Each case runs in a child process (the plug-in is configured once per process, and a process that
 // initialised CUDA cannot fork a child that uses it). Prints one PASS/FAIL line per check and a total;
 // exit 0 when all pass, 1 on any failure, 77 when there is no GPU (a failure under STRATA_REQUIRE_GPU=1).
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
@@ -251,6 +254,89 @@ void limit_case()
   for (void* q : blocks) strata_free(q, std::size_t{64} << 20, 0, a);
 }
 
+/// Threads at once, as PyTorch's (autograd, data loading): each allocates on its own stream with kernels
+/// checking every word; half the blocks are freed by another thread (on their own stream, as PyTorch does).
+void threads_case()
+{
+  constexpr int threads = 4, steps = 1500;
+  unsigned long long* bad = nullptr;
+  CUDA_OK(cudaMallocManaged(&bad, sizeof *bad));
+  *bad = 0;
+  CUDA_OK(cudaDeviceSynchronize());
+  struct block {
+    unsigned* p;
+    std::size_t words;
+    cudaStream_t stream;
+    unsigned value;
+  };
+  std::mutex handoff_mutex;
+  std::vector<block> handoff;  // freed by whichever thread comes next
+  std::vector<int> served(threads, 0), refused(threads, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      cudaStream_t s;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
+      std::mt19937 rng(100 + t);
+      std::vector<block> live;
+      auto release = [&](const block& b) {
+        count_mismatches<<<32, 256, 0, b.stream>>>(b.p, b.words, b.value, bad);
+        strata_free(b.p, b.words * 4, 0, b.stream);
+      };
+      for (int i = 0; i < steps; ++i) {
+        if (live.size() < 32 && (live.empty() || rng() % 2 == 0)) {
+          const std::size_t words = 1 + rng() % (std::size_t{1} << 16);
+          auto* p = static_cast<unsigned*>(strata_malloc(words * 4, 0, s));
+          if (p == nullptr) {
+            ++refused[t];
+            continue;
+          }
+          ++served[t];
+          const unsigned value = static_cast<unsigned>(t * 1000003 + i);
+          fill<<<32, 256, 0, s>>>(p, words, value);
+          live.push_back({p, words, s, value});
+        } else {
+          const block b = live.back();
+          live.pop_back();
+          if (rng() % 2 == 0) {
+            release(b);
+          } else {
+            // Another thread frees it later; its stream stays alive until every thread has joined.
+            std::lock_guard lock(handoff_mutex);
+            handoff.push_back(b);
+          }
+          std::vector<block> mine;
+          {
+            std::lock_guard lock(handoff_mutex);
+            if (!handoff.empty() && rng() % 2 == 0) {
+              mine.push_back(handoff.back());
+              handoff.pop_back();
+            }
+          }
+          for (const block& m : mine) release(m);
+        }
+      }
+      for (const block& b : live) release(b);
+      cudaStreamSynchronize(s);
+    });
+  for (auto& th : pool) th.join();
+  for (const block& b : handoff) {
+    count_mismatches<<<32, 256, 0, b.stream>>>(b.p, b.words, b.value, bad);
+    strata_free(b.p, b.words * 4, 0, b.stream);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  int total_served = 0, total_refused = 0;
+  for (int t = 0; t < threads; ++t) {
+    total_served += served[t];
+    total_refused += refused[t];
+  }
+  check(total_refused == 0 && total_served > threads * steps / 4, "threads: every allocation served",
+        std::to_string(total_served) + " served, " + std::to_string(total_refused) + " refused");
+  check(*bad == 0, "threads: no block overwritten while in use", std::to_string(*bad) + " bad words");
+  check(stat(0, "allocated_bytes.all.current") == 0 && stat(0, "allocation.all.current") == 0, "threads: everything freed");
+  CUDA_OK(cudaFree(bad));
+}
+
 /// Device 1's memory while device 0 is current: PyTorch passes the device, strata must use it.
 void second_device_case()
 {
@@ -307,6 +393,7 @@ int main(int argc, char** argv)
   std::printf("plug-in GPU tests, %s, %d device(s)\n", stack_conf.c_str(), devices);
   int failed = 0;
   failed += in_child("", two_streams);
+  failed += in_child("", threads_case);
   failed += in_child("", [] { record_stream_case(true); });
   failed += in_child("", [] { record_stream_case(false); });
   failed += in_child("", reset_case);
