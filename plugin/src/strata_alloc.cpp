@@ -503,10 +503,20 @@ void strata_record_stream(void* ptr, cudaStream_t stream)
   set_error("record_stream", std::string("the pointer is not a strata block"));
 }
 
-void* strata_base_alloc(void* ptr, size_t* /*size*/)
+void* strata_base_alloc(void* ptr, size_t* size)
 {
-  // Every block is its own base allocation (the size PyTorch passed stays as it is).
-  return ptr;
+  // PyTorch shares a CUDA tensor with another process (torch.multiprocessing) as an IPC handle of the base
+  // allocation plus the tensor's offset in it: the base must be the allocation CUDA knows (a cudaMalloc'd
+  // chunk of the coalescing stack), not the block. The driver's cuMemGetAddressRange says which, for every
+  // stack; where it cannot (no driver, not device memory), the block is its own base.
+  using get_range_fn = int (*)(unsigned long long* base, std::size_t* bytes, unsigned long long address);
+  static const auto get_range = strata::detail::driver_entry_point<get_range_fn>("cuMemGetAddressRange");
+  if (ptr == nullptr || get_range == nullptr) return ptr;
+  unsigned long long base = 0;
+  std::size_t bytes = 0;
+  if (get_range(&base, &bytes, reinterpret_cast<unsigned long long>(ptr)) != 0) return ptr;  // CUDA_SUCCESS is 0
+  if (size != nullptr) *size = bytes;
+  return reinterpret_cast<void*>(base);
 }
 
 int strata_configure(const char* conf)

@@ -210,6 +210,17 @@ void reset_case()
 {
   cudaStream_t a;
   CUDA_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  {
+    // The base allocation (PyTorch's getBaseAllocation, for IPC): it contains the block.
+    void* p = strata_malloc(4096, 0, a);
+    void* q = strata_malloc(4096, 0, a);
+    std::size_t size = 0;
+    auto* base = static_cast<char*>(strata_base_alloc(q, &size));
+    check(base != nullptr && base <= static_cast<char*>(q) && static_cast<char*>(q) + 4096 <= base + size,
+          "base allocation: contains the block", std::to_string(static_cast<char*>(q) - base) + " bytes in, of " + std::to_string(size));
+    strata_free(p, 4096, 0, a);
+    strata_free(q, 4096, 0, a);
+  }
   std::vector<void*> blocks;
   for (int i = 0; i < 32; ++i) blocks.push_back(strata_malloc(std::size_t{8} << 20, 0, a));
   for (void* p : blocks)
