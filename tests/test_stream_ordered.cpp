@@ -501,9 +501,9 @@ TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue
   CHECK(policy.mismatches() == 0);
 }
 
-TEST_CASE("stream_ordered: graph capture is refused clearly and leaves the layer usable (issue 14 item 5)")
+TEST_CASE("stream_ordered: with graph pools off, graph capture is refused clearly and leaves the layer usable (issue 14 item 5)")
 {
-  rig<> r(64 << 20);
+  rig<> r(64 << 20, {.graph_pools = false});  // private pools: tests/test_graph_pools.cpp
   const cuda::stream_ref owner = r.world.create(), s = r.world.create();
   make_owner(r, owner);
   void* before = r.allocate(4096, s);

@@ -33,6 +33,34 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
   { b.capturing(s) } -> std::same_as<bool>;
 };
 
+/// What a stream's capture query says: whether it captures, the capture's id (unique over the process's
+/// lifetime, shared by every stream joined to the capture) and the graph being built (valid while it captures).
+struct capture_info {
+  bool active = false;
+  std::uint64_t id = 0;
+  void* graph = nullptr;
+};
+
+/// What CUDA calls when the last graph or executable graph holding a token is gone, on an internal thread
+/// where no CUDA call may be made.
+using graph_release_fn = void (*)(void*);
+
+/// A backend that can serve allocations made under stream capture from private pools (stream_ordered's
+/// automatic graph mode), detected with `requires`:
+/// - `capture_of(s)`: the capture query, which capture forbids nothing of (cudaStreamGetCaptureInfo);
+/// - `call_when_graph_destroyed(graph, fn, arg)`: fn(arg) once the graph and every executable graph
+///   instantiated from it are destroyed (a CUDA user object moved into the graph); throws, calling nothing,
+///   when it cannot;
+/// - `exchange_capture_mode(mode)`: the calling thread's capture interaction mode (0 global, 1 thread-local,
+///   2 relaxed), as cudaThreadExchangeStreamCaptureMode: relaxed lets a policy grow (cudaMalloc, cuMemCreate)
+///   while a stream captures, which the default mode forbids.
+template <class B>
+concept graph_backend = event_backend<B> && requires(B& b, cuda::stream_ref s, void* graph, graph_release_fn fn, void* arg, int mode) {
+  { b.capture_of(s) } -> std::same_as<capture_info>;
+  b.call_when_graph_destroyed(graph, fn, arg);
+  { b.exchange_capture_mode(mode) } -> std::same_as<int>;
+};
+
 inline namespace STRATA_DEFAULT_STREAM_MODE {
 
 /// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId, which also resolves the legacy and
@@ -107,9 +135,46 @@ struct cuda_events {
     detail::cuda_check(asked, "cudaStreamIsCapturing");
     return status != cudaStreamCaptureStatusNone;
   }
+
+  /// cudaStreamGetCaptureInfo: legal on a capturing stream (unlike asking its id).
+  capture_info capture_of(cuda::stream_ref stream) const
+  {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t asked = cudaStreamGetCaptureInfo(stream.get(), &status, &id, &graph);
+    if (asked == cudaErrorStreamCaptureImplicit) {  // a default stream while another captures: not a capture of its own
+      detail::clear_last_error();
+      return {};
+    }
+    detail::cuda_check(asked, "cudaStreamGetCaptureInfo");
+    if (status != cudaStreamCaptureStatusActive) return {};
+    return {true, id, graph};
+  }
+  /// A user object whose only reference is moved into the graph: executable graphs instantiated from it take
+  /// references of their own, so fn runs once the graph and all of them are destroyed (and, CUDA says, once
+  /// their pending launches no longer need it).
+  void call_when_graph_destroyed(void* graph, graph_release_fn fn, void* arg) const
+  {
+    cudaUserObject_t object = nullptr;
+    detail::cuda_check(cudaUserObjectCreate(&object, arg, fn, 1, cudaUserObjectNoDestructorSync), "cudaUserObjectCreate");
+    const cudaError_t moved = cudaGraphRetainUserObject(static_cast<cudaGraph_t>(graph), object, 1, cudaGraphUserObjectMove);
+    if (moved != cudaSuccess) {
+      // Not moved: our reference is still ours. Releasing it would run fn; the caller expects no call on failure,
+      // so the object is leaked instead (a few bytes, on a path that means the driver is already failing).
+      detail::cuda_check(moved, "cudaGraphRetainUserObject");
+    }
+  }
+  int exchange_capture_mode(int mode) const
+  {
+    auto m = static_cast<cudaStreamCaptureMode>(mode);
+    detail::cuda_check(cudaThreadExchangeStreamCaptureMode(&m), "cudaThreadExchangeStreamCaptureMode");
+    return static_cast<int>(m);
+  }
 };
 
 static_assert(event_backend<cuda_events>);
+static_assert(graph_backend<cuda_events>);
 
 } // namespace STRATA_DEFAULT_STREAM_MODE
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <strata/core/config.hpp>
@@ -109,11 +110,103 @@ public:
       if (s.device == device) s.completed = s.enqueued;
   }
 
-  /// Stream capture (cudaStreamBeginCapture in global mode / cudaStreamEndCapture): while a stream captures,
-  /// recording an event on it, and any host wait on a stream or a device, is illegal_call.
-  void begin_capture(cuda::stream_ref stream) { streams_.at(id_of(stream)).capturing = true; }
-  void end_capture(cuda::stream_ref stream) { streams_.at(id_of(stream)).capturing = false; }
+  /// Stream capture (cudaStreamBeginCapture / cudaStreamEndCapture): while a stream captures, recording an
+  /// event on it, and any host wait on a stream or a device, is illegal_call. Each capture has an id (never
+  /// reused) and a graph; end_capture returns the graph, which lives until destroy_graph and every executable
+  /// graph instantiated from it is destroyed: then the callbacks attached to it run (CUDA user objects).
+  /// `mode` is cudaStreamCaptureMode's value (0 global, 1 thread-local, 2 relaxed): see unsafe_call.
+  std::uint64_t begin_capture(cuda::stream_ref stream, int mode = 0)
+  {
+    stream_state& s = streams_.at(id_of(stream));
+    if (s.capturing) throw illegal_call("simulated_streams: begin_capture on a stream already capturing");
+    const std::uint64_t graph = next_graph_++;
+    graphs_[graph] = {};
+    s.capturing = true;
+    s.capture = {true, next_capture_++, reinterpret_cast<void*>(static_cast<std::uintptr_t>(graph))};
+    s.capture_mode = mode;
+    return s.capture.id;
+  }
+  /// Joins `stream` to the capture of `capturing` (what an event recorded there and waited for here does).
+  void join_capture(cuda::stream_ref stream, cuda::stream_ref capturing)
+  {
+    const stream_state& from = streams_.at(id_of(capturing));
+    stream_state& s = streams_.at(id_of(stream));
+    s.capturing = true;
+    s.capture = from.capture;
+    s.capture_mode = from.capture_mode;
+  }
+  /// Ends the capture on `stream` (and on the streams joined to it); returns its graph.
+  void* end_capture(cuda::stream_ref stream)
+  {
+    stream_state& origin = streams_.at(id_of(stream));
+    if (!origin.capturing) throw illegal_call("simulated_streams: end_capture on a stream not capturing");
+    const capture_info ended = origin.capture;
+    for (auto& [id, s] : streams_)
+      if (s.capturing && s.capture.id == ended.id) {
+        s.capturing = false;
+        s.capture = {};
+      }
+    return ended.graph;
+  }
   bool capturing(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capturing; }
+  capture_info capture_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capture; }
+
+  /// cudaGraphInstantiate: the executable graph holds the graph's user objects too.
+  std::uint64_t instantiate(void* graph)
+  {
+    graph_state& g = graph_at(graph);
+    ++g.holders;
+    const std::uint64_t exec = next_graph_++;
+    execs_[exec] = graph_id(graph);
+    return exec;
+  }
+  /// cudaGraphLaunch: one piece of work on the stream (nothing is allocated at replay).
+  std::uint64_t launch_graph(std::uint64_t exec, cuda::stream_ref stream)
+  {
+    if (!execs_.contains(exec)) throw std::invalid_argument("simulated_streams: launch of an unknown executable graph");
+    ++replays_;
+    return launch(stream);
+  }
+  void destroy_exec(std::uint64_t exec)
+  {
+    const auto it = execs_.find(exec);
+    if (it == execs_.end()) throw std::invalid_argument("simulated_streams: destroy of an unknown executable graph");
+    const std::uint64_t graph = it->second;
+    execs_.erase(it);
+    drop_holder(graph);
+  }
+  void destroy_graph(void* graph)
+  {
+    graph_state& g = graph_at(graph);
+    if (g.destroyed) throw std::invalid_argument("simulated_streams: graph destroyed twice");
+    g.destroyed = true;
+    drop_holder(graph_id(graph));
+  }
+  std::uint64_t replays() const noexcept { return replays_; }
+
+  /// cudaUserObjectCreate + cudaGraphRetainUserObject(..., cudaGraphUserObjectMove). fail_user_objects(true)
+  /// makes it fail, calling nothing, as a failing driver would.
+  void call_when_graph_destroyed(void* graph, graph_release_fn fn, void* arg)
+  {
+    if (fail_user_objects_) throw std::runtime_error("simulated_streams: cudaUserObjectCreate failed (injected)");
+    graph_at(graph).callbacks.emplace_back(fn, arg);
+  }
+  void fail_user_objects(bool fail) noexcept { fail_user_objects_ = fail; }
+  std::size_t live_graphs() const noexcept { return graphs_.size(); }
+
+  /// The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode).
+  int exchange_capture_mode(int mode) noexcept { return std::exchange(thread_mode_, mode); }
+  /// A call capture calls "potentially unsafe" (cudaMalloc, cuMemCreate): illegal_call while a stream captures
+  /// in global mode, or this thread's own capture in thread-local mode, unless the thread's mode is relaxed.
+  /// Sources used under capture in the tests call it where the real ones would call CUDA.
+  void unsafe_call(const char* call) const
+  {
+    if (thread_mode_ == 2) return;
+    for (const auto& [id, s] : streams_)
+      if (s.capturing && s.capture_mode != 2)
+        throw illegal_call(std::string("simulated_streams: ") + call + " while a stream captures (capture mode " +
+                           std::to_string(s.capture_mode) + ", thread mode " + std::to_string(thread_mode_) + ")");
+  }
   int device_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).device; }
   /// Device-wide waits per device, in the order asked.
   const std::vector<int>& device_waits() const noexcept { return device_waits_; }
@@ -196,7 +289,31 @@ private:
     std::map<std::uint64_t, std::uint64_t> waits_for;
     int device = 0;
     bool capturing = false;
+    capture_info capture;
+    int capture_mode = 0;
   };
+
+  struct graph_state {
+    std::size_t holders = 1;  ///< the graph itself, then each executable graph
+    bool destroyed = false;
+    std::vector<std::pair<graph_release_fn, void*>> callbacks;
+  };
+
+  static std::uint64_t graph_id(void* graph) noexcept { return reinterpret_cast<std::uintptr_t>(graph); }
+  graph_state& graph_at(void* graph)
+  {
+    const auto it = graphs_.find(graph_id(graph));
+    if (it == graphs_.end()) throw std::invalid_argument("simulated_streams: unknown graph");
+    return it->second;
+  }
+  void drop_holder(std::uint64_t graph)
+  {
+    graph_state& g = graphs_.at(graph);
+    if (--g.holders > 0) return;
+    const auto callbacks = std::move(g.callbacks);
+    graphs_.erase(graph);
+    for (const auto& [fn, arg] : callbacks) fn(arg);  // CUDA runs them on its own thread, later; here, now
+  }
 
   void refuse_under_capture(const char* call) const
   {
@@ -234,6 +351,13 @@ private:
   std::vector<std::size_t> free_events_;
   std::vector<int> device_waits_;
   call_counts calls_;
+  std::map<std::uint64_t, graph_state> graphs_;
+  std::map<std::uint64_t, std::uint64_t> execs_;  ///< executable graph -> its graph
+  std::uint64_t next_graph_ = 0x1000;
+  std::uint64_t next_capture_ = 1;
+  std::uint64_t replays_ = 0;
+  int thread_mode_ = 0;
+  bool fail_user_objects_ = false;
 };
 
 /// The event_backend over a simulated_streams world (held by pointer: the world outlives the pools using it).
@@ -254,11 +378,14 @@ public:
   void wait_device(int device) { world_->wait_device(device); }
   int device_of(cuda::stream_ref stream) const { return world_->device_of(stream); }
   bool capturing(cuda::stream_ref stream) const { return world_->capturing(stream); }
+  capture_info capture_of(cuda::stream_ref stream) const { return world_->capture_of(stream); }
+  void call_when_graph_destroyed(void* graph, graph_release_fn fn, void* arg) { world_->call_when_graph_destroyed(graph, fn, arg); }
+  int exchange_capture_mode(int mode) noexcept { return world_->exchange_capture_mode(mode); }
 
 private:
   simulated_streams* world_;
 };
 
-static_assert(event_backend<simulated_events>);
+static_assert(event_backend<simulated_events> && graph_backend<simulated_events>);
 
 } // namespace strata

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,7 +22,9 @@
 #include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/detail/graph_pools.hpp>
 #include <strata/detail/object_pool.hpp>
+#include <strata/detail/resource_device.hpp>
 #include <strata/stream/cuda_events.hpp>
 #include <strata/stream/identified_stream.hpp>
 
@@ -64,14 +67,46 @@ namespace strata {
 /// are abandoned, counted in stats().abandoned_blocks).
 ///
 /// Events are created on the current device, so a stream of another device must be used with its device
-/// current (as CUDA requires for cudaEventRecord). A policy that waits for the device itself (mapped_pool,
-/// when it reclaims idle memory after growing) does so inside the policy's allocate: not counted here.
+/// current (as CUDA requires for cudaEventRecord). Device-wide waits cover the policy's device (found through
+/// `device()` on the policy or what it is built on, `detail::resource_device`) and the devices of every stream
+/// that used the layer, never merely the current device (the current device only when none of those is known).
+/// A policy that waits for the device itself (mapped_pool, when it reclaims idle memory after growing) does
+/// so inside the policy's allocate: not counted here.
 ///
-/// CUDA graphs. Capture is not supported yet: an allocation that misses on a stream being captured throws
-/// strata::usage_error (nothing changed, the layer stays usable, no event recorded); a free on a capturing
-/// stream is abandoned (the graph may use the block whenever it is launched; counted in abandoned_blocks); no
-/// host wait is made while a stream this layer knows is capturing, and a synchronous allocate or release() is
-/// refused then (usage_error), as cudaMalloc and cudaFree are under global capture.
+/// CUDA graphs: private pools. A graph replays its captured allocations at the same addresses every time it
+/// is launched, so the blocks it was given are reserved for it while it lives (PyTorch's "private pool"):
+/// - Automatic mode (a `graph_backend`, `options::graph_pools`): an allocation on a capturing stream is served
+///   from a private pool keyed by the capture's id (cudaStreamGetCaptureInfo; never the stream's id, whose
+///   query invalidates a capture). The pool is tied to the graph by a CUDA user object; once the graph and
+///   every executable graph instantiated from it are destroyed (executable graphs hold the user object too, so
+///   destroying only the cudaGraph_t keeps the pool), the object's destructor, on a CUDA thread and only once
+///   launches using it are done, posts the pool's id, and the layer's next call (or collect_released_pools())
+///   releases the pool.
+/// - Explicit mode (PyTorch's graph-pool hooks): begin_allocate_to_pool(pool, filter) routes allocations on
+///   streams the filter accepts to pool `pool` until end_allocate_to_pool(pool); release_pool(pool) says its
+///   graphs are gone.
+/// Inside a pool a freed block is reused only by the same pool's later allocations in the same stream order
+/// (same capture and capturing stream, or same uncaptured stream; an explicit pool shared by several captures
+/// reuses across them on one stream, as PyTorch does, so graphs sharing a pool must be replayed in capture
+/// order and never concurrently), never by anyone else while the pool lives,
+/// so replays never race other work. A block from outside the pools freed under capture joins the capture's
+/// pool (the graph may use it at every replay). Pool blocks come from the policy, allocated during capture
+/// with the thread's capture mode relaxed around the call (so a source's cudaMalloc or cuMemCreate is legal,
+/// as PyTorch does; so is any stream's policy growth while the layer knows of a capture, since in global mode
+/// any thread's cudaMalloc invalidates every capture; a capture the layer has not seen yet, no call having
+/// been made on its stream, is not protected). A policy that must wait for the device or free memory to grow
+/// (mapped_pool reclaiming idle memory, coalescing_pool handing free chunks back: cudaFree synchronizes)
+/// cannot do so under capture in any mode: that allocation throws usage_error with the policy unchanged (the
+/// failed CUDA call may still have invalidated the capture); warm the pool before capturing. Pool blocks
+/// count as in use until released. A released pool's free blocks, and its live blocks
+/// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
+/// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
+/// wait is legal then): launch a graph after the work that preceded its capture, or ordered after it (as
+/// PyTorch does: it synchronizes before capturing; begin_allocate_to_pool waits for this layer's pending
+/// frees). No host wait, event record or event query is made on behalf of a capturing stream; while a stream
+/// this layer knows is capturing, a synchronous allocate or release() is refused (usage_error), as cudaMalloc
+/// and cudaFree are under global capture. Without a graph_backend or with `graph_pools` off, an allocation
+/// under capture throws usage_error (nothing changed) and a free under capture is abandoned (counted).
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
 /// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
@@ -81,10 +116,13 @@ namespace strata {
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
 /// is; the policy's properties. Cost, on top of the id lookup (unless identified_stream) and, with
-/// `check_capture`, one cudaStreamIsCapturing per free and per policy allocate: on the owner, the policy's
+/// `check_capture`, one cudaStreamIsCapturing per allocate and per free: on the owner, the policy's
 /// allocate or free and a few comparisons; on another stream, a cached allocate or free is a hash lookup, O(1),
 /// and a miss costs the policy's allocate, an event query per pending event and at most one event record and
-/// cudaStreamWaitEvent per batch of the owner's frees. Unsynchronized. Move-only.
+/// cudaStreamWaitEvent per batch of the owner's frees. While private pools exist, a hash lookup per free; a
+/// pool allocate or free is O(log b) in the pool's bins, plus the capture query (and, for a capture's first
+/// allocation, a CUDA user object); each explicit route costs one filter call per allocate. Unsynchronized.
+/// Move-only.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
                        public stream_names<stream_ordered<Policy, Backend>> {
@@ -100,6 +138,7 @@ public:
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
     bool check_capture = true;             ///< ask whether a stream is being captured (see the class comment)
+    bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
   };
 
   /// What the layer did, for tuning and tests.
@@ -115,17 +154,22 @@ public:
     std::uint64_t device_syncs = 0; ///< cudaDeviceSynchronize (one per device waited for)
     std::uint64_t abandoned_blocks = 0;  ///< never returned: no wait could make them safe (still counted in_use)
     std::uint64_t abandoned_bytes = 0;
+    std::uint64_t pool_hits = 0;       ///< private-pool allocations served by the pool's own frees
+    std::uint64_t pool_misses = 0;     ///< private-pool allocations taken from the policy
+    std::uint64_t pool_adoptions = 0;  ///< blocks from outside the pools freed under capture, kept for the graph
+    std::uint64_t pools_released = 0;  ///< private pools whose graphs are gone (release_pool or the graph's end)
   };
 
   explicit stream_ordered(Policy policy = Policy{}, options opts = options{}, Backend backend = Backend{})
-      : policy_(std::move(policy)), backend_(std::move(backend)), opts_(opts)
+      : policy_(std::move(policy)), backend_(std::move(backend)), opts_(opts), policy_device_(detail::resource_device(policy_))
   {
     if (opts.frees_per_event == 0 || opts.bytes_per_event == 0 || opts.sync_frees_per_wait == 0)
       throw std::invalid_argument("stream_ordered: frees_per_event, bytes_per_event and sync_frees_per_wait must be positive");
   }
 
   stream_ordered(stream_ordered&& other) noexcept
-      : policy_(std::move(other.policy_)), backend_(std::move(other.backend_)), opts_(other.opts_)
+      : policy_(std::move(other.policy_)), backend_(std::move(other.backend_)), opts_(other.opts_),
+        policy_device_(other.policy_device_)
   {
     take(other);
   }
@@ -136,6 +180,7 @@ public:
       policy_ = std::move(other.policy_);
       backend_ = std::move(other.backend_);
       opts_ = other.opts_;
+      policy_device_ = other.policy_device_;
       take(other);
     }
     return *this;
@@ -148,8 +193,9 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
+    collect_released_pools();
     // Before the id: asking a capturing stream for its id is itself illegal and invalidates the capture.
-    if (opts_.check_capture && captures(stream)) refuse_capture("an allocation was asked of it");
+    if (void* p = nullptr; routed(bytes, alignment, stream, p)) return p;
     return allocate_on(bytes, alignment, stream, id_for_allocate(stream), /*for_host=*/false, /*capture_checked=*/true);
   }
 
@@ -164,19 +210,24 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
+    collect_released_pools();
+    // Even on a hit: a block handed to a capture without the pool knowing could be reused while the graph lives.
+    if (void* p = nullptr; routed(bytes, alignment, stream.stream(), p)) return p;
     const std::uint64_t id = stream.valid_here() ? stream.id() : id_for_allocate(stream.stream());
-    return allocate_on(bytes, alignment, stream.stream(), id, /*for_host=*/false);
+    return allocate_on(bytes, alignment, stream.stream(), id, /*for_host=*/false, /*capture_checked=*/true);
   }
 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream) noexcept
   {
     if (p == nullptr) return;
+    collect_released_pools_noexcept();
     std::uint64_t id = 0;
     bool capturing = false;
     try {
       capturing = opts_.check_capture && captures(stream);
     } catch (...) {  // an unknown stream: the id lookup below says so
     }
+    if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream, capturing)) return;
     if (capturing) {  // the graph may use the block whenever it is launched; asking the id would break it
       abandon(shape_of(bytes, alignment));
       return;
@@ -193,8 +244,19 @@ public:
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, const identified_stream& stream) noexcept
   {
     if (p == nullptr) return;
-    if (stream.valid_here()) return deallocate_on(p, bytes, alignment, stream.stream(), stream.id());
-    deallocate_async(p, bytes, alignment, stream.stream());
+    if (!stream.valid_here()) return deallocate_async(p, bytes, alignment, stream.stream());
+    collect_released_pools_noexcept();
+    bool capturing = false;
+    try {
+      capturing = opts_.check_capture && captures(stream.stream());
+    } catch (...) {
+    }
+    if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream.stream(), capturing)) return;
+    if (capturing) {
+      abandon(shape_of(bytes, alignment));
+      return;
+    }
+    deallocate_on(p, bytes, alignment, stream.stream(), stream.id(), /*capture_checked=*/true);
   }
 
   /// On the legacy default stream; the block is ready for the host and any stream when this returns.
@@ -202,6 +264,7 @@ public:
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return nullptr;
+    collect_released_pools();
     refuse_host_wait_under_capture();  // as cudaMalloc is refused under global capture: it may have to wait
     const cuda::stream_ref legacy{cudaStreamLegacy};
     return allocate_on(bytes, alignment, legacy, backend_.id_of(legacy), /*for_host=*/true);
@@ -211,7 +274,10 @@ public:
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
     if (p == nullptr) return;
+    collect_released_pools_noexcept();
     const shape sh = shape_of(bytes, alignment);
+    if (!pools_.empty() && free_in_pools(p, sh, cuda::stream_ref{cudaStreamLegacy}, /*capturing=*/false, /*synchronous=*/true))
+      return;
     try {
       const cuda::stream_ref legacy{cudaStreamLegacy};
       state_of(backend_.id_of(legacy), legacy);  // so that the device-wide wait covers this device
@@ -234,9 +300,63 @@ public:
   /// the policy's free chunks when it can.
   void release()
   {
+    collect_released_pools();
     refuse_host_wait_under_capture();  // the policy's release frees chunks (cudaFree waits, illegal in capture)
     wait_for_pending_frees(/*policy_too=*/true);
     if constexpr (releasable_resource<Policy>) policy_.release();
+  }
+
+  /// From now on, allocations on streams for which `filter(cudaStream_t)` is true (checked newest route
+  /// first) are served from private pool `pool` (PyTorch's beginAllocateToPool). Called before the capture
+  /// begins, it waits (on the host, once) for this layer's pending frees, so nothing freed before it is still
+  /// in use when the graph first runs. Throws (nothing changed) if that wait fails.
+  template <class Filter>
+    requires std::predicate<Filter&, cudaStream_t> && graph_backend<Backend>
+  void begin_allocate_to_pool(std::uint64_t pool, Filter filter)
+  {
+    add_route(pool, std::function<bool(cudaStream_t)>(std::move(filter)));
+  }
+  /// The same, for every stream being captured.
+  void begin_allocate_to_pool(std::uint64_t pool)
+    requires graph_backend<Backend>
+  {
+    add_route(pool, {});
+  }
+  /// Stops routing to `pool` (its newest route); the pool keeps its blocks for its graphs.
+  void end_allocate_to_pool(std::uint64_t pool)
+  {
+    for (auto it = routes_.rbegin(); it != routes_.rend(); ++it)
+      if (it->pool == pool) {
+        routes_.erase(std::next(it).base());
+        return;
+      }
+  }
+  /// The graphs using `pool` are gone: its free blocks go back (as synchronous frees: after a device-wide
+  /// wait), its live blocks as they are freed. Routing to it stops. An unknown pool is ignored (PyTorch
+  /// releases pools nothing was allocated in). Throws (nothing changed) only on host memory exhaustion.
+  void release_pool(std::uint64_t pool)
+  {
+    if (auto* pl = pools_.find({pool, false})) release_pool_blocks(*pl);
+    std::erase_if(routes_, [pool](const route& r) { return r.pool == pool; });
+  }
+  /// Releases the pools whose graphs CUDA reported destroyed (every allocate and free does this first).
+  void collect_released_pools()
+  {
+    if (!inbox_ || !inbox_->any()) return;
+    for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop())
+      if (auto* pl = pools_.find({id, true})) release_pool_blocks(*pl);
+  }
+  /// Private pools held (live graphs', and released ones whose blocks are not all freed yet).
+  std::size_t private_pools() const noexcept { return pools_.size(); }
+  /// Blocks held by private pools, live and free, and their bytes (as the policy counts them).
+  std::size_t private_pool_blocks() const noexcept { return pools_.blocks(); }
+  std::size_t private_pool_free_blocks() const noexcept { return pools_.free_blocks(); }
+  std::size_t private_pool_bytes() const noexcept { return pools_.bytes(); }
+  /// Blocks and bytes in one pool (an explicit pool's id, or a capture's id with `automatic`); 0 if none.
+  std::size_t pool_blocks(std::uint64_t pool, bool automatic = false) const noexcept
+  {
+    const auto* pl = pools_.find({pool, automatic});
+    return pl == nullptr ? 0 : pl->live_blocks + pl->free_blocks;
   }
 
   std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const
@@ -251,7 +371,8 @@ public:
     return policy_.owns(p);
   }
 
-  /// The policy's figures, with cached and set-aside blocks counted as free.
+  /// The policy's figures, with cached and set-aside blocks counted as free (a private pool's free blocks are
+  /// in use: its graph uses them at every replay).
   strata::usage usage() const noexcept
     requires usage_reporting_resource<Policy>
   {
@@ -518,6 +639,278 @@ private:
     counters_.abandoned_bytes += sh.footprint;
   }
 
+  // ---- private pools (CUDA graphs) ----
+
+  struct route {
+    std::uint64_t pool;
+    std::function<bool(cudaStream_t)> filter;  ///< empty: every capturing stream
+  };
+
+  /// Where an allocation or a free under capture goes: a pool, the stream order inside it, and (automatic
+  /// mode) the graph being captured, which a new pool is tied to.
+  struct pool_target {
+    detail::pool_name name;
+    detail::reuse_tag tag;
+    void* graph = nullptr;
+    bool capturing = false;
+  };
+
+  static std::uint64_t handle_bits(cuda::stream_ref stream) noexcept
+  {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream.get()));
+  }
+
+  /// The stream order of a block freed under capture: the capturing stream within its capture. An explicit
+  /// pool may be shared by several captures (PyTorch's graph_pool_handle): there, as in PyTorch, a block freed
+  /// in one capture is reused by a later one on the same stream, which is why graphs sharing a pool must be
+  /// replayed in the order they were captured and never concurrently. An automatic pool has one capture.
+  static detail::reuse_tag captured_tag(detail::pool_name pool, std::uint64_t capture, cuda::stream_ref stream) noexcept
+  {
+    constexpr std::uint64_t any_capture_of_the_pool = ~std::uint64_t{1};
+    return {pool.automatic ? capture : any_capture_of_the_pool, handle_bits(stream)};
+  }
+
+  /// Serves an allocation from a private pool when it belongs to one (true, the block in `out`); refuses an
+  /// allocation under capture that cannot be served so (usage_error, nothing changed).
+  bool routed(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, void*& out)
+  {
+    if (!opts_.check_capture && routes_.empty()) return false;
+    const bool capturing = opts_.check_capture && captures(stream);
+    if (!capturing && routes_.empty()) return false;
+    if constexpr (graph_backend<Backend>) {
+      if (const std::optional<pool_target> t = target_for(stream, capturing)) {
+        out = allocate_in_pool(*t, bytes, alignment, stream);
+        return true;
+      }
+    }
+    if (capturing) refuse_capture("an allocation was asked of it");
+    return false;
+  }
+
+  /// The pool a call on `stream` belongs to: the newest route whose filter accepts the stream, else (under
+  /// capture, automatic mode) the capture's own pool; none otherwise.
+  std::optional<pool_target> target_for(cuda::stream_ref stream, bool capturing)
+    requires graph_backend<Backend>
+  {
+    // With check_capture off the caller did not ask; a route still needs to know.
+    const bool in_capture = routes_.empty() ? capturing : (opts_.check_capture ? capturing : backend_.capturing(stream));
+    if (in_capture) note_capture(stream);  // so that the policy grows in relaxed mode, and host waits are refused
+    for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
+      if (!(it->filter ? it->filter(stream.get()) : in_capture)) continue;
+      if (!in_capture) return pool_target{{it->pool, false}, {0, backend_.id_of(stream)}, nullptr, false};
+      const capture_info info = backend_.capture_of(stream);
+      if (!info.active) return std::nullopt;  // implicitly captured (a default stream): no capture of its own
+      return pool_target{{it->pool, false}, captured_tag(detail::pool_name{it->pool, false}, info.id, stream), nullptr, true};
+    }
+    if (!capturing || !opts_.graph_pools) return std::nullopt;
+    const capture_info info = backend_.capture_of(stream);
+    if (!info.active) return std::nullopt;
+    return pool_target{{info.id, true}, captured_tag(detail::pool_name{info.id, true}, info.id, stream), info.graph, true};
+  }
+
+  /// The pool's own free block of this shape in the same stream order, else a new one from the policy.
+  void* allocate_in_pool(const pool_target& t, std::size_t bytes, std::size_t alignment, cuda::stream_ref)
+    requires graph_backend<Backend>
+  {
+    const shape sh = shape_of(bytes, alignment);
+    auto [pl, fresh] = open_pool(t);
+    set_aside b{};
+    if (pools_.take(*pl, t.tag, sh.key, b)) {
+      ++counters_.pool_hits;
+      return b.p;
+    }
+    void* p = nullptr;
+    try {
+      pools_.prepare_adopt();  // before the policy: giving a block back does not undo the policy's growth
+      p = grow_pool(sh, t.capturing);
+    } catch (...) {
+      if (fresh) pools_.erase_if_empty(*pl);
+      throw;
+    }
+    pools_.adopt(*pl, p, sh.footprint);
+    ++counters_.pool_misses;
+    return p;
+  }
+
+  /// The target's pool, made if new (a new automatic pool is tied to its graph first). Strong guarantee.
+  std::pair<typename detail::graph_pools<set_aside>::pool*, bool> open_pool(const pool_target& t)
+    requires graph_backend<Backend>
+  {
+    auto opened = pools_.open(t.name);
+    if (opened.second && t.graph != nullptr) {
+      try {
+        watch_graph(t.graph, t.name.id);
+      } catch (...) {
+        pools_.erase_if_empty(*opened.first);
+        throw;
+      }
+    }
+    return opened;
+  }
+
+  /// Ties a pool to the graph being captured: a user object whose destructor (a CUDA thread, no CUDA calls)
+  /// posts the pool's id to the inbox. Nothing is posted if this throws.
+  void watch_graph(void* graph, std::uint64_t id)
+    requires graph_backend<Backend>
+  {
+    if (!inbox_) inbox_ = std::make_shared<detail::graph_release_inbox>();
+    inbox_->expect_one();
+    detail::graph_release_inbox::token* token = nullptr;
+    try {
+      token = new detail::graph_release_inbox::token{inbox_, id};
+      backend_.call_when_graph_destroyed(graph, &detail::graph_release_inbox::on_graph_destroyed, token);
+    } catch (...) {
+      delete token;
+      inbox_->unexpect_one();
+      throw;
+    }
+  }
+
+  /// The policy's allocate, for a pool: under capture with the thread's capture mode relaxed (grow_policy).
+  /// A policy that must wait for the device cannot grow under capture: its failure becomes a usage_error
+  /// saying so (out of memory stays itself).
+  void* grow_pool(const shape& sh, bool capturing)
+    requires graph_backend<Backend>
+  {
+    if (!capturing) return grow_policy(sh);
+    try {
+      return grow_policy(sh);
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::throw_with_nested(usage_error(
+          std::string("stream_ordered: the policy could not grow while a stream is being captured into a CUDA graph (") +
+          e.what() + "); a policy that waits for the device to grow (mapped_pool reclaiming idle memory) cannot do so "
+          "under capture: warm the pool before capturing; the pool is unchanged"));
+    }
+  }
+
+  /// The policy's allocate. While a stream this layer has seen capturing may still capture, with the calling
+  /// thread's capture mode relaxed around the call: a source's cudaMalloc or cuMemCreate is "potentially
+  /// unsafe" under capture, and in the default (global) mode any thread's call invalidates every capture going
+  /// on, even for an allocation on an uncaptured stream. The call is not captured either way, which is what a
+  /// pool wants (its memory belongs to the pool, not to a graph); PyTorch relaxes the mode the same way.
+  void* grow_policy(const shape& sh)
+  {
+    if constexpr (graph_backend<Backend>) {
+      if (!capturing_.empty()) {
+        const int previous = backend_.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
+        struct restore {
+          Backend& b;
+          int mode;
+          ~restore()
+          {
+            try {
+              (void)b.exchange_capture_mode(mode);
+            } catch (...) {
+            }
+          }
+        } restore_mode{backend_, previous};
+        return policy_.allocate(sh.request, sh.align);
+      }
+    }
+    return policy_.allocate(sh.request, sh.align);
+  }
+
+  /// A free that concerns the private pools: a pool block (filed in its pool, or, its pool released, freed the
+  /// common way: false), or any block freed under capture (it joins the capture's pool: the graph may use it
+  /// at every replay). False: not for the pools. Never throws: a block that cannot be filed is abandoned.
+  bool free_in_pools(void* p, const shape& sh, cuda::stream_ref stream, bool capturing, bool synchronous = false) noexcept
+  {
+    if constexpr (!graph_backend<Backend>) {
+      return false;
+    } else {
+      auto* pl = pools_.owner_of(p);
+      if (pl != nullptr && pl->released) {
+        pools_.disown(*pl, p, sh.footprint);
+        pl = nullptr;
+      }
+      if (pl == nullptr && !capturing) return false;
+      try {
+        detail::reuse_tag tag = detail::reuse_tag::nowhere();
+        if (pl == nullptr) {  // from outside the pools, freed under capture
+          const std::optional<pool_target> t = target_for(stream, capturing);
+          if (!t) return false;  // the caller abandons it
+          pl = open_pool(*t).first;
+          try {
+            pools_.prepare_adopt();
+          } catch (...) {
+            pools_.erase_if_empty(*pl);
+            throw;
+          }
+          pools_.adopt(*pl, p, sh.footprint);
+          ++counters_.pool_adoptions;
+          tag = t->tag;
+        } else if (synchronous) {
+          tag = detail::reuse_tag::nowhere();
+        } else if (capturing) {
+          const capture_info info = backend_.capture_of(stream);
+          if (info.active) tag = captured_tag(pl->name, info.id, stream);
+        } else {
+          try {
+            tag = {0, backend_.id_of(stream)};
+          } catch (...) {  // an unknown stream: kept, never reused in the pool
+          }
+        }
+        pools_.put(*pl, tag, sh.key, set_aside{p, sh});
+      } catch (...) {
+        if (pl != nullptr && pools_.owner_of(p) == pl) pools_.disown(*pl, p, sh.footprint);
+        abandon(sh);
+      }
+      return true;
+    }
+  }
+
+  void add_route(std::uint64_t pool, std::function<bool(cudaStream_t)> filter)
+  {
+    routes_.reserve(routes_.size() + 1);
+    auto [pl, fresh] = pools_.open({pool, false});
+    try {
+      // Outside capture, once: nothing freed before this is still running when the graph first does.
+      bool capture_on = false;
+      try {
+        refuse_host_wait_under_capture();
+      } catch (const usage_error&) {
+        capture_on = true;
+      }
+      if (!capture_on && (!policy_clean() || cached_blocks_ > 0 || !deferred_.empty()))
+        wait_for_pending_frees(/*policy_too=*/true);
+    } catch (...) {
+      if (fresh) pools_.erase_if_empty(*pl);
+      throw;
+    }
+    pl->released = false;  // a pool id used again after release_pool: its remaining blocks are its own again
+    routes_.push_back({pool, std::move(filter)});  // capacity reserved
+  }
+
+  /// A pool's free blocks become synchronous frees (set aside until a device-wide wait, which covers every
+  /// launch and stream that used them); its live blocks follow as they are freed.
+  void release_pool_blocks(typename detail::graph_pools<set_aside>::pool& pl)
+  {
+    deferred_.reserve(deferred_.size() + pl.free_blocks);
+    pools_.drain(pl, [](const set_aside& b) noexcept { return b.sh.footprint; }, [this](const set_aside& b) noexcept {
+      deferred_.push_back(b);  // capacity reserved
+      deferred_bytes_ += b.sh.footprint;
+    });
+    ++counters_.pools_released;
+    if (deferred_.size() >= opts_.sync_frees_per_wait || deferred_bytes_ >= opts_.bytes_per_event) {
+      try {
+        refuse_host_wait_under_capture();
+        wait_for_pending_frees(/*policy_too=*/false);
+      } catch (...) {
+        // Still set aside: a later wait returns them.
+      }
+    }
+  }
+
+  void collect_released_pools_noexcept() noexcept
+  {
+    try {
+      collect_released_pools();
+    } catch (...) {  // host memory exhausted: the ids stay posted for a later call
+    }
+  }
+
   /// The stream's id; a stream being captured cannot even be asked for it (the driver refuses): that is the
   /// capture refusal, not a CUDA failure.
   std::uint64_t id_for_allocate(cuda::stream_ref stream)
@@ -565,8 +958,8 @@ private:
   [[noreturn]] static void refuse_capture(const char* what)
   {
     throw usage_error(std::string("stream_ordered: ") + what +
-                      " while a stream is being captured into a CUDA graph; capture is not supported yet (allocate "
-                      "before cudaStreamBeginCapture, free after cudaStreamEndCapture); the pool is unchanged");
+                      " while a stream is being captured into a CUDA graph, and no private pool can serve it (this "
+                      "layer's backend cannot query captures, or options::graph_pools is off); the pool is unchanged");
   }
 
   /// Host waits are illegal while a stream captures in global mode (and would hang a graph's dependencies).
@@ -821,7 +1214,7 @@ private:
     // The owner alone with the policy (one stream, nothing pending, nothing cached or set aside): nothing to
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
     if (!for_host && &s == owner_ && events_pending_ == 0 && cached_blocks_ == 0 && deferred_.empty())
-      return policy_.allocate(sh.request, sh.align);
+      return grow_policy(sh);
     if (events_pending_ > 0) reap_all(s);
     make_policy_safe_for(s, stream, for_host);
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
@@ -830,13 +1223,13 @@ private:
       if (!deferred_.empty() && !policy_has_room(sh)) wait_for_pending_frees(/*policy_too=*/false);
     }
     try {
-      return policy_.allocate(sh.request, sh.align);
+      return grow_policy(sh);
     } catch (const std::bad_alloc&) {
       if (cached_blocks_ == 0 && deferred_.empty()) throw;
     }
     if (void* p = hand_over(sh.key, stream, s, for_host)) return p;
     wait_for_pending_frees(/*policy_too=*/false);
-    return policy_.allocate(sh.request, sh.align);
+    return grow_policy(sh);
   }
 
   bool policy_has_room(const shape& sh) const noexcept
@@ -878,15 +1271,19 @@ private:
     return nullptr;
   }
 
-  /// cudaDeviceSynchronize of every device whose streams used this layer (and the current one).
+  /// cudaDeviceSynchronize of the device the policy's memory lives on and of every device whose streams used
+  /// this layer; the current device only when none of those is known.
   void wait_all_devices()
   {
-    const int current = backend_.device_of(cuda::stream_ref{cudaStreamLegacy});
-    if (std::find(devices_.begin(), devices_.end(), current) == devices_.end()) {
+    if (policy_device_) {
       count_wait(counters_.device_syncs);
-      backend_.wait_device(current);
+      backend_.wait_device(*policy_device_);
+    } else if (devices_.empty()) {
+      count_wait(counters_.device_syncs);
+      backend_.wait_device(backend_.device_of(cuda::stream_ref{cudaStreamLegacy}));
     }
     for (const int device : devices_) {
+      if (policy_device_ && device == *policy_device_) continue;
       count_wait(counters_.device_syncs);
       backend_.wait_device(device);
     }
@@ -941,6 +1338,19 @@ private:
   /// fails (a sticky CUDA error, the runtime gone at exit) they are abandoned, never handed back as if safe.
   void return_everything() noexcept
   {
+    // The layer is going away: its graphs must be gone too (a box outlives its blocks). Free pool blocks join
+    // the set-aside frees; live ones stay with their holders.
+    while (!pools_.empty()) {
+      auto* pl = first_unreleased_pool();
+      if (pl == nullptr) break;
+      try {
+        release_pool_blocks(*pl);
+      } catch (...) {
+        counters_.abandoned_blocks += pl->free_blocks;
+        pl->released = true;
+      }
+    }
+    routes_.clear();
     if (streams_.empty() && spare_events_.empty() && deferred_.empty() && owner_events_.empty()) return;
     try {
       wait_for_pending_frees(/*policy_too=*/false);
@@ -970,8 +1380,17 @@ private:
     policy_seq_ = safe_seq_ = 0;
   }
 
+  typename detail::graph_pools<set_aside>::pool* first_unreleased_pool() noexcept
+  {
+    return pools_.first_where([](const auto& pl) { return !pl.released; });
+  }
+
   void take(stream_ordered& other) noexcept
   {
+    pools_ = std::move(other.pools_);
+    routes_ = std::move(other.routes_);
+    other.routes_.clear();
+    inbox_ = std::move(other.inbox_);
     streams_ = std::move(other.streams_);
     nodes_ = std::move(other.nodes_);
     spare_events_ = std::move(other.spare_events_);
@@ -1000,6 +1419,10 @@ private:
   [[no_unique_address]] Policy policy_;
   [[no_unique_address]] Backend backend_;
   options opts_;
+  std::optional<int> policy_device_;  ///< where the policy's memory lives, when it says (device-wide waits)
+  detail::graph_pools<set_aside> pools_;
+  std::vector<route> routes_;
+  std::shared_ptr<detail::graph_release_inbox> inbox_;  ///< made at the first automatic pool
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> streams_;
   std::uint64_t last_id_ = 0;
   stream_state* last_state_ = nullptr;

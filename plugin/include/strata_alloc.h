@@ -1,0 +1,92 @@
+/* strata's allocator plug-in for PyTorch (torch.cuda.memory.CUDAPluggableAllocator) and CuPy
+ * (cupy.cuda.memory.CFunctionAllocator): libstrata_alloc.so. One strata stack per device, built on first use
+ * from the configuration (STRATA_ALLOC_CONF or strata_configure). Every function is safe to call from any
+ * thread. A failing call returns null / nonzero / does nothing and leaves its message in strata_last_error();
+ * no exception escapes except from strata_malloc_or_throw and the graph-pool hooks (see there).
+ * docs/pytorch.md has the whole story. */
+#ifndef STRATA_ALLOC_H
+#define STRATA_ALLOC_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+/* The library is built with hidden visibility: only these entry points are exported. */
+#if defined(__GNUC__)
+#define STRATA_ALLOC_API __attribute__((visibility("default")))
+#else
+#define STRATA_ALLOC_API
+#endif
+
+#ifdef __cplusplus
+#include <functional>
+#include <utility>
+extern "C" {
+#endif
+
+/* ---- PyTorch: CUDAPluggableAllocator(path, "strata_malloc", "strata_free") ---------------------------- */
+
+/* size bytes on `device` (PyTorch's device argument, not the current device), ordered on `stream`. Returns
+ * null on failure (out of memory after one release-and-retry, or any other error; strata_last_error says
+ * which). PyTorch 2.11 checks null only where its own caching allocator calls a plugged allocator (a
+ * torch.cuda.MemPool: it then raises torch.OutOfMemoryError); as the process-wide allocator
+ * (change_current_allocator) a null becomes a tensor without memory, so use strata_malloc_or_throw there.
+ * size 0: null, not an error. */
+STRATA_ALLOC_API void* strata_malloc(size_t size, int device, cudaStream_t stream);
+/* The same, but a failure throws a C++ exception carrying the message: on out of memory, whatever the handler
+ * installed by strata_set_oom_handler throws (libstrata_torch_hooks.so's: c10::OutOfMemoryError, which Python
+ * sees as torch.OutOfMemoryError), else std::bad_alloc; other failures std::runtime_error (a RuntimeError).
+ * The process keeps working. For change_current_allocator only (a C caller must use strata_malloc). */
+STRATA_ALLOC_API void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream);
+/* What strata_malloc_or_throw calls on out of memory, with the message, before throwing std::bad_alloc
+ * itself: a function that throws the framework's own type (libstrata_torch_hooks.so installs one throwing
+ * c10::OutOfMemoryError, which Python sees as torch.OutOfMemoryError). Null restores the default. */
+STRATA_ALLOC_API void strata_set_oom_handler(void (*handler)(const char* message));
+/* Sets this thread's strata_last_error() (for companion libraries such as libstrata_torch_hooks.so). */
+STRATA_ALLOC_API void strata_report_error(const char* message);
+/* Frees on the allocation's stream (PyTorch passes it back); blocks recorded on other streams wait for them. */
+STRATA_ALLOC_API void strata_free(void* ptr, size_t size, int device, cudaStream_t stream);
+
+/* Optional hooks, the names for the allocator object's set_*_fn (PyTorch 2.11 signatures). */
+STRATA_ALLOC_API void strata_init(int device_count);                             /* set_init_fn: void(int) */
+STRATA_ALLOC_API void strata_reset(void);                                        /* set_reset_fn (empty_cache): release every device */
+STRATA_ALLOC_API void strata_set_memory_fraction(double fraction, int device);   /* set_memory_fraction_fn: void(double, int) */
+STRATA_ALLOC_API void strata_record_stream(void* ptr, cudaStream_t stream);      /* set_record_stream_fn: void(void*, cudaStream_t) */
+STRATA_ALLOC_API void* strata_base_alloc(void* ptr, size_t* size);               /* set_base_alloc_fn: void*(void*, size_t*) */
+
+/* ---- Configuration ------------------------------------------------------------------------------------ */
+STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */
+STRATA_ALLOC_API int strata_check_env(void);               /* parses STRATA_ALLOC_CONF now: 0 ok / nonzero + message */
+STRATA_ALLOC_API const char* strata_last_error(void);      /* this thread's last failure ("" if none); valid until its next call */
+STRATA_ALLOC_API int strata_is_in_use(void);               /* 1 once any stack was built */
+
+/* ---- Monitoring (JSON into buf; returns the length without the NUL; writes only if len > that) ---------- */
+STRATA_ALLOC_API size_t strata_memory_stats_json(int device, char* buf, size_t len);
+STRATA_ALLOC_API void strata_reset_peak_stats(int device);
+STRATA_ALLOC_API size_t strata_snapshot_json(int device, char* buf, size_t len);
+STRATA_ALLOC_API int strata_record_flush(void);            /* flushes every device's trace (record=PATH): 0 ok */
+
+/* ---- CuPy: CFunctionAllocator(0, strata_cupy_malloc, strata_cupy_free, owner) -------------------------- */
+STRATA_ALLOC_API void* strata_cupy_malloc(void* param, size_t size, int device);  /* null on failure, as CuPy expects */
+STRATA_ALLOC_API void strata_cupy_free(void* param, void* ptr, int device);
+STRATA_ALLOC_API void strata_cupy_set_stream(cudaStream_t stream);  /* this thread's stream for CuPy's calls (default: legacy) */
+
+/* ---- stack=simulated only: pretend streams for host tests (no GPU) ------------------------------------- */
+STRATA_ALLOC_API cudaStream_t strata_sim_stream_create(int device);  /* null (+ message) unless the stack is simulated */
+STRATA_ALLOC_API int strata_sim_launch(cudaStream_t stream);          /* enqueue one piece of pretend work: 0 ok */
+STRATA_ALLOC_API int strata_sim_finish(cudaStream_t stream);          /* complete the stream's work so far: 0 ok */
+
+#ifdef __cplusplus
+} /* extern "C" */
+
+/* PyTorch's graph-pool hooks take C++ types (c10::cuda::MempoolId_t is std::pair<unsigned long long,
+ * unsigned long long>); C linkage, C++ signature, exactly as PyTorch 2.11 casts the pointer it is given.
+ * A failure (e.g. a stream layer without private pools) throws std::runtime_error into PyTorch, which
+ * raises it as a RuntimeError where the capture starts. */
+extern "C" STRATA_ALLOC_API void strata_begin_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> pool,
+                                              std::function<bool(cudaStream_t)> filter);
+extern "C" STRATA_ALLOC_API void strata_end_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> pool);
+extern "C" STRATA_ALLOC_API void strata_release_pool(int device, std::pair<unsigned long long, unsigned long long> pool);
+#endif
+
+#endif /* STRATA_ALLOC_H */

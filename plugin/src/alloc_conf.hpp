@@ -1,0 +1,227 @@
+#pragma once
+// The plug-in's configuration string (STRATA_ALLOC_CONF), parsed into a struct. Header-only and free of CUDA
+// so that every accepted and refused string is tested on the host (plugin/tests/test_alloc_conf.cpp).
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata::plugin {
+
+/// Which stack serves each device.
+enum class stack_kind {
+  default_pool,  ///< strata::default_pool: stream_ordered<mapped_pool<driver_pages>> (the recommended stack)
+  coalescing,    ///< stream_ordered<coalescing_pool<device_source>>: chunked TLSF over cudaMalloc
+  simulated,     ///< strata::planning_pool: the same policy over simulated pages and streams (no GPU needed)
+};
+
+inline const char* name_of(stack_kind k) noexcept
+{
+  switch (k) {
+  case stack_kind::default_pool: return "default";
+  case stack_kind::coalescing: return "coalescing";
+  case stack_kind::simulated: return "simulated";
+  }
+  return "?";
+}
+
+/// A bad configuration: the message names the key and the value that were refused.
+struct conf_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+struct alloc_conf {
+  stack_kind stack = stack_kind::default_pool;
+  /// At most this share of each device's memory (limit=0.9)...
+  std::optional<double> limit_fraction;
+  /// ...or at most this many bytes per device (limit=40GiB). At most one of the two is set.
+  std::optional<std::size_t> limit_bytes;
+  /// Trace file of every allocation and free (record=PATH); device d > 0 writes PATH.d. Empty: no trace.
+  std::string record;
+  enum class peer_mode { none, all, list } peers = peer_mode::none;
+  std::vector<int> peer_list;  ///< with peer_mode::list: the devices that may access each device's memory
+  bool release_on_oom = true;  ///< on out-of-memory, release idle memory of the device and retry once
+  // stack=simulated only: the pretend devices.
+  std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
+  std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
+  int sim_devices = 1;                               ///< how many simulated devices exist
+};
+
+namespace detail_conf {
+
+inline std::string_view trim(std::string_view s) noexcept
+{
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+[[noreturn]] inline void refuse(std::string_view key, std::string_view value, std::string_view why)
+{
+  throw conf_error("STRATA_ALLOC_CONF: " + std::string(key) + "=" + std::string(value) + ": " + std::string(why));
+}
+
+/// A whole-string non-negative integer, or nullopt.
+inline std::optional<std::uint64_t> parse_uint(std::string_view s) noexcept
+{
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// A whole-string finite decimal number, or nullopt.
+inline std::optional<double> parse_double(std::string_view s) noexcept
+{
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::fixed);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+/// "40GiB", "512MiB", "4096B", "1.5GiB", "10GB": bytes; nullopt when the unit is missing or unknown.
+inline std::optional<std::size_t> parse_size(std::string_view s)
+{
+  struct unit {
+    std::string_view name;
+    double factor;
+  };
+  static constexpr unit units[] = {{"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+                                   {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
+                                   {"TB", 1e12}, {"B", 1.0}};
+  for (const unit& u : units) {
+    if (s.size() <= u.name.size() || s.substr(s.size() - u.name.size()) != u.name) continue;
+    const std::string_view number = trim(s.substr(0, s.size() - u.name.size()));
+    const std::optional<double> v = parse_double(number);
+    if (!v || *v <= 0) return std::nullopt;
+    const double bytes = *v * u.factor;
+    if (bytes >= 18446744073709551615.0 || bytes != std::floor(bytes)) return std::nullopt;
+    return static_cast<std::size_t>(bytes);
+  }
+  return std::nullopt;
+}
+
+inline void parse_limit(alloc_conf& c, std::string_view key, std::string_view value)
+{
+  if (const auto bytes = parse_size(value)) {
+    c.limit_bytes = *bytes;
+    return;
+  }
+  const auto f = parse_double(value);
+  if (!f) refuse(key, value, "neither a fraction in (0, 1] of the device's memory nor a whole number of bytes with a unit (e.g. 0.9, 40GiB, 512MiB)");
+  if (!(*f > 0.0 && *f <= 1.0)) refuse(key, value, "a fraction must be in (0, 1]; for bytes give a unit (e.g. 40GiB)");
+  c.limit_fraction = *f;
+}
+
+inline void parse_peers(alloc_conf& c, std::string_view key, std::string_view value)
+{
+  if (value == "all") c.peers = alloc_conf::peer_mode::all;
+  else if (value == "none") c.peers = alloc_conf::peer_mode::none;
+  else {
+    c.peers = alloc_conf::peer_mode::list;
+    std::string_view rest = value;
+    while (true) {
+      const std::size_t colon = rest.find(':');
+      const std::string_view item = trim(rest.substr(0, colon));
+      const auto id = parse_uint(item);
+      if (!id || *id > 1023) refuse(key, value, "expected all, none or device ids separated by ':' (e.g. peers=1:2); '" + std::string(item) + "' is not a device id");
+      for (int seen : c.peer_list)
+        if (seen == static_cast<int>(*id)) refuse(key, value, "device " + std::string(item) + " is listed twice");
+      c.peer_list.push_back(static_cast<int>(*id));
+      if (colon == std::string_view::npos) break;
+      rest = rest.substr(colon + 1);
+    }
+  }
+}
+
+inline bool parse_bool(std::string_view key, std::string_view value)
+{
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  refuse(key, value, "expected true or false");
+}
+
+inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
+{
+  if (key == "stack") {
+    if (value == "default") c.stack = stack_kind::default_pool;
+    else if (value == "coalescing") c.stack = stack_kind::coalescing;
+    else if (value == "simulated") c.stack = stack_kind::simulated;
+    else refuse(key, value, "unknown stack; the stacks are default, coalescing and simulated");
+  } else if (key == "limit") {
+    parse_limit(c, key, value);
+  } else if (key == "record") {
+    if (value.size() >= 3 && value.substr(value.size() - 3) == ".gz")
+      refuse(key, value, "strata's recorder writes plain CSV and cannot compress; record to a .csv and compress it afterwards");
+    c.record = std::string(value);
+  } else if (key == "peers") {
+    parse_peers(c, key, value);
+  } else if (key == "release_on_oom") {
+    c.release_on_oom = parse_bool(key, value);
+  } else if (key == "sim_capacity" || key == "sim_page") {
+    const auto bytes = parse_size(value);
+    if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
+    (key == "sim_capacity" ? c.sim_capacity : c.sim_page) = *bytes;
+    if (key == "sim_page" && (*bytes % 256 != 0 || (*bytes & (*bytes - 1)) != 0))
+      refuse(key, value, "a page must be a power of two and a multiple of 256 bytes");
+  } else if (key == "sim_devices") {
+    const auto n = parse_uint(value);
+    if (!n || *n < 1 || *n > 64) refuse(key, value, "expected a number of simulated devices from 1 to 64");
+    c.sim_devices = static_cast<int>(*n);
+  } else {
+    throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
+                     std::string(value) +
+                     "); the keys are stack, limit, record, peers, release_on_oom, sim_capacity, sim_page, sim_devices");
+  }
+}
+
+} // namespace detail_conf
+
+/// Parses "key=value,key=value" (spaces around keys and values are ignored; an empty string means every
+/// default). Throws conf_error naming the entry, key or value at fault: an unknown key, a bad value, a key
+/// given twice, an entry without '=' or with an empty key or value, an empty entry between commas, a
+/// simulation key without stack=simulated, peers without stack=default.
+inline alloc_conf parse_alloc_conf(std::string_view text)
+{
+  using namespace detail_conf;
+  alloc_conf c;
+  if (trim(text).empty()) return c;
+  std::set<std::string, std::less<>> seen;
+  std::string_view rest = text;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    if (entry.empty()) throw conf_error("STRATA_ALLOC_CONF: an empty entry (two commas, or a comma at an end) in '" + std::string(text) + "'");
+    const std::size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) throw conf_error("STRATA_ALLOC_CONF: entry '" + std::string(entry) + "' is not key=value");
+    const std::string_view key = trim(entry.substr(0, eq));
+    const std::string_view value = trim(entry.substr(eq + 1));
+    if (key.empty()) throw conf_error("STRATA_ALLOC_CONF: entry '" + std::string(entry) + "' has no key before '='");
+    if (value.empty()) refuse(key, value, "empty value");
+    if (!seen.emplace(key).second) refuse(key, value, "key '" + std::string(key) + "' is given twice");
+    apply(c, key, value);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (c.stack != stack_kind::simulated)
+    for (const char* k : {"sim_capacity", "sim_page", "sim_devices"})
+      if (seen.contains(std::string_view(k)))
+        throw conf_error(std::string("STRATA_ALLOC_CONF: key '") + k + "' applies only to stack=simulated (the stack is " +
+                         name_of(c.stack) + ")");
+  if (c.stack != stack_kind::default_pool && seen.contains(std::string_view("peers")))
+    throw conf_error(std::string("STRATA_ALLOC_CONF: key 'peers' applies only to stack=default (the stack is ") +
+                     name_of(c.stack) + ")");
+  if (c.stack == stack_kind::simulated && c.sim_capacity < c.sim_page)
+    throw conf_error("STRATA_ALLOC_CONF: sim_capacity=" + std::to_string(c.sim_capacity) + " is less than one page (sim_page=" +
+                     std::to_string(c.sim_page) + ")");
+  return c;
+}
+
+} // namespace strata::plugin

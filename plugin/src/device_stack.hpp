@@ -1,0 +1,165 @@
+#pragma once
+// One device's stack behind a small virtual interface, so that the C entry points serve whichever stack the
+// configuration names (and, with record=PATH, the same stack under strata's recorder).
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <strata/adaptor/recorder.hpp>
+#include <strata/core/concepts.hpp>
+#include <strata/core/snapshot.hpp>
+#include <strata/core/usage.hpp>
+
+#include "recorded_uses.hpp"
+
+namespace strata::plugin {
+
+/// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
+/// Every call costs what the stack's call costs, plus one virtual call.
+class device_stack {
+public:
+  virtual ~device_stack() = default;
+  /// Throws std::bad_alloc (strata::out_of_memory) when the stack is out of memory, other exceptions on
+  /// other failures; the stack is unchanged then.
+  virtual void* allocate(std::size_t bytes, cudaStream_t stream) = 0;
+  /// Frees on the allocation's stream, unless recorded uses hold the block back until they are done.
+  virtual void deallocate(void* p, std::size_t bytes, cudaStream_t stream) noexcept = 0;
+  /// p is used on `stream` too (PyTorch's record_stream).
+  virtual void record_use(void* p, cudaStream_t stream) = 0;
+  /// Whether p was handed out by this stack.
+  virtual bool owns(const void* p) const noexcept = 0;
+  /// Gives back held blocks whose recorded uses are done (never waits).
+  virtual void reap() noexcept = 0;
+  /// Waits for every held block and every pending free, then returns idle memory (empty_cache).
+  virtual void release() = 0;
+  virtual strata::usage usage() const noexcept = 0;
+  virtual std::size_t held_bytes() const noexcept = 0;
+  virtual std::string snapshot_json() const = 0;
+  /// Flushes the trace file, if recording; false on a write error.
+  virtual bool flush_trace() noexcept = 0;
+  /// PyTorch's graph-pool hooks; throw std::logic_error where the stream layer has no private pools.
+  virtual void begin_allocate_to_pool(std::uint64_t pool, std::function<bool(cudaStream_t)> filter) = 0;
+  virtual void end_allocate_to_pool(std::uint64_t pool) = 0;
+  virtual void release_pool(std::uint64_t pool) = 0;
+};
+
+/// A stream_ordered Stack (optionally under recorder, which writes the trace to a file this holder owns).
+template <class Stack, bool Recorded>
+class stack_holder final : public device_stack {
+  using top_type = std::conditional_t<Recorded, recorder<Stack>, Stack>;
+  using backend_type = std::remove_reference_t<decltype(std::declval<Stack&>().backend())>;
+
+public:
+  explicit stack_holder(Stack stack)
+    requires(!Recorded)
+      : top_(std::move(stack))
+  {}
+  stack_holder(Stack stack, const std::string& trace_path)
+    requires Recorded
+      : file_(open(trace_path)), top_(std::move(stack), *file_)
+  {}
+  ~stack_holder() override
+  {
+    uses_.destroy(inner().backend());
+    if (file_) file_->flush();
+  }
+
+  void* allocate(std::size_t bytes, cudaStream_t stream) override
+  {
+    return top_.allocate_async(bytes, default_alignment, cuda::stream_ref{stream});
+  }
+
+  void deallocate(void* p, std::size_t bytes, cudaStream_t stream) noexcept override
+  {
+    if (uses_.hold(inner().backend(), p, bytes, stream)) return;
+    free_now(p, bytes, stream);
+  }
+
+  void record_use(void* p, cudaStream_t stream) override { uses_.record(p, stream); }
+  bool owns(const void* p) const noexcept override { return inner().owns(p); }
+
+  void reap() noexcept override
+  {
+    uses_.reap(inner().backend(), [this](void* p, std::size_t n, cudaStream_t s) { free_now(p, n, s); });
+  }
+
+  void release() override
+  {
+    uses_.drain(inner().backend(), [this](void* p, std::size_t n, cudaStream_t s) { free_now(p, n, s); });
+    inner().release();
+  }
+
+  strata::usage usage() const noexcept override { return inner().usage(); }
+  std::size_t held_bytes() const noexcept override { return uses_.held_bytes(); }
+
+  std::string snapshot_json() const override
+  {
+    if constexpr (snapshot_resource<std::remove_cvref_t<decltype(inner().policy())>>) return to_json(inner().policy().snapshot());
+    else throw std::logic_error("this stack's policy cannot list its blocks (no snapshot())");
+  }
+
+  bool flush_trace() noexcept override
+  {
+    if (!file_) return true;
+    file_->flush();
+    return static_cast<bool>(*file_);
+  }
+
+  void begin_allocate_to_pool(std::uint64_t pool, std::function<bool(cudaStream_t)> filter) override
+  {
+    if constexpr (requires(Stack& s) { s.begin_allocate_to_pool(pool, filter); }) inner().begin_allocate_to_pool(pool, std::move(filter));
+    else no_private_pools();
+  }
+  void end_allocate_to_pool(std::uint64_t pool) override
+  {
+    if constexpr (requires(Stack& s) { s.end_allocate_to_pool(pool); }) inner().end_allocate_to_pool(pool);
+    else no_private_pools();
+  }
+  void release_pool(std::uint64_t pool) override
+  {
+    if constexpr (requires(Stack& s) { s.release_pool(pool); }) inner().release_pool(pool);
+    else no_private_pools();
+  }
+
+  Stack& inner() noexcept
+  {
+    if constexpr (Recorded) return top_.upstream();
+    else return top_;
+  }
+  const Stack& inner() const noexcept
+  {
+    if constexpr (Recorded) return top_.upstream();
+    else return top_;
+  }
+
+private:
+  static std::unique_ptr<std::ofstream> open(const std::string& path)
+  {
+    auto f = std::make_unique<std::ofstream>(path);
+    if (!*f) throw std::invalid_argument("record=" + path + ": cannot open the trace file for writing");
+    return f;
+  }
+
+  [[noreturn]] static void no_private_pools()
+  {
+    throw std::logic_error("CUDA graph pools: this build's stream_ordered has no private pools "
+                           "(begin_allocate_to_pool); capture allocations before capture instead");
+  }
+
+  void free_now(void* p, std::size_t bytes, cudaStream_t stream) noexcept
+  {
+    top_.deallocate_async(p, bytes, default_alignment, cuda::stream_ref{stream});
+  }
+
+  std::unique_ptr<std::ofstream> file_;  // before top_: the recorder writes to it until it is destroyed
+  top_type top_;
+  recorded_uses<backend_type> uses_;
+};
+
+} // namespace strata::plugin

@@ -1,0 +1,181 @@
+#pragma once
+// PyTorch's record_stream for the plug-in: a block used on streams other than the one it was allocated on
+// is not handed out again before that work is done.
+#include <algorithm>
+#include <cstddef>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <strata/stream/cuda_events.hpp>
+
+namespace strata::plugin {
+
+/// Remembers, per block, the streams it was recorded on (besides its allocation stream); at the block's
+/// free, records an event on each of them and holds the block until every event has completed, then hands
+/// it to the stack on its allocation stream (where stream order covers that stream's own work). This is
+/// what PyTorch's caching allocator does for record_stream, and it adds no dependency between the user's
+/// streams (making the allocation stream wait for the others would serialize compute and communication).
+/// Held blocks are polled (an event query each, oldest first) by `reap`, which the plug-in calls on every
+/// allocation; `drain` host-waits for all of them (empty_cache, out of memory).
+/// If an event cannot be recorded (the stream is being captured, a CUDA error), the free waits on the host
+/// for each recorded stream instead; if even that fails, the block is abandoned (never reused), as
+/// stream_ordered does. Events are made once and reused (spare_events). Backend: cuda_events or simulated_events (host tests). Unsynchronized: the
+/// plug-in calls it under the device's lock. Cost: record O(recorded streams of the block), a free of an
+/// unrecorded block one hash lookup (none while nothing is recorded), a held free an event record per
+/// recorded stream.
+template <event_backend Backend>
+class recorded_uses {
+public:
+  using event = typename Backend::event;
+
+  /// Notes that p is used on `stream`: its free must wait for that stream's work (unless `stream` is the one
+  /// it is freed on, whose order covers it anyway).
+  void record(void* p, cudaStream_t stream)
+  {
+    auto& streams = recorded_[p];
+    if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+  }
+
+  bool recorded(const void* p) const noexcept { return !recorded_.empty() && recorded_.contains(const_cast<void*>(p)); }
+
+  /// At p's free: when p was recorded on other streams, holds it behind events on them and returns true;
+  /// else false (the caller frees it at once). When an event cannot be recorded, the recorded streams are
+  /// waited for on the host and false is returned; when even that fails, the block is abandoned (true).
+  bool hold(Backend& b, void* p, std::size_t bytes, cudaStream_t home) noexcept
+  {
+    if (recorded_.empty()) return false;
+    const auto it = recorded_.find(p);
+    if (it == recorded_.end()) return false;
+    std::vector<cudaStream_t> streams = std::move(it->second);
+    recorded_.erase(it);
+    std::erase(streams, home);
+    if (streams.empty()) return false;
+    held h{p, bytes, home, {}};
+    try {
+      h.events.reserve(streams.size());
+      held_.reserve(held_.size() + 1);  // room first: nothing below may fail once the events exist
+      for (cudaStream_t s : streams) {
+        const event e = take_event(b);
+        try {
+          b.record(e, cuda::stream_ref{s});
+        } catch (...) {
+          recycle(b, e);
+          throw;
+        }
+        h.events.push_back(e);
+      }
+      held_bytes_ += bytes;
+      held_.push_back(std::move(h));
+      return true;
+    } catch (...) {
+      for (event e : h.events) recycle(b, e);
+    }
+    // No event: the slow safe way, a wait for every device whose streams may use it.
+    try {
+      for (cudaStream_t s : streams) b.wait_stream(cuda::stream_ref{s});
+    } catch (...) {
+      ++abandoned_;
+      return true;  // never handed out again: its recorded work may still be running
+    }
+    return false;
+  }
+
+  /// Gives back (free(p, bytes, home)) every held block whose events have all completed. Never waits.
+  template <class Free>
+  void reap(Backend& b, Free&& free) noexcept
+  {
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (complete(b, *it)) {
+        give_back(b, *it, free);
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  /// Host-waits for every held block's events and gives them all back; a block whose wait fails stays held.
+  template <class Free>
+  void drain(Backend& b, Free&& free)
+  {
+    for (auto it = held_.begin(); it != held_.end();) {
+      for (event e : it->events) b.wait_host(e);
+      give_back(b, *it, free);
+      it = held_.erase(it);
+    }
+  }
+
+  /// p was freed without a recorded use being honoured (never happens through the plug-in's free).
+  void forget(const void* p) noexcept { recorded_.erase(const_cast<void*>(p)); }
+
+  std::size_t held_blocks() const noexcept { return held_.size(); }
+  std::size_t held_bytes() const noexcept { return held_bytes_; }
+  std::size_t abandoned_blocks() const noexcept { return abandoned_; }
+  std::size_t recorded_blocks() const noexcept { return recorded_.size(); }
+
+  /// Events are the backend's: give them back before the backend goes.
+  void destroy(Backend& b) noexcept
+  {
+    for (held& h : held_)
+      for (event e : h.events) b.destroy_event(e);
+    held_.clear();
+    for (event e : spare_) b.destroy_event(e);
+    spare_.clear();
+  }
+
+  /// Events kept for the next holds (each made once, then reused: PyTorch's allocator pools its events too).
+  std::size_t spare_events() const noexcept { return spare_.size(); }
+
+private:
+  struct held {
+    void* p;
+    std::size_t bytes;
+    cudaStream_t home;
+    std::vector<event> events;
+  };
+
+  bool complete(Backend& b, const held& h) noexcept
+  {
+    try {
+      for (event e : h.events)
+        if (!b.done(e)) return false;
+      return true;
+    } catch (...) {
+      return false;  // a failed query: keep it held; drain's host wait reports the error
+    }
+  }
+
+  event take_event(Backend& b)
+  {
+    if (spare_.empty()) return b.make_event();
+    const event e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+
+  void recycle(Backend& b, event e) noexcept
+  {
+    try {
+      spare_.push_back(e);
+    } catch (...) {
+      b.destroy_event(e);  // no room to keep it: made again next time
+    }
+  }
+
+  template <class Free>
+  void give_back(Backend& b, held& h, Free& free) noexcept
+  {
+    for (event e : h.events) recycle(b, e);
+    held_bytes_ -= h.bytes;
+    free(h.p, h.bytes, h.home);
+  }
+
+  std::unordered_map<void*, std::vector<cudaStream_t>> recorded_;
+  std::vector<held> held_;
+  std::vector<event> spare_;
+  std::size_t held_bytes_ = 0;
+  std::size_t abandoned_ = 0;
+};
+
+} // namespace strata::plugin

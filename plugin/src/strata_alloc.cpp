@@ -1,0 +1,733 @@
+// libstrata_alloc.so: the C entry points of plugin/include/strata_alloc.h over one strata stack per device.
+//
+// Threads: PyTorch calls from many threads. Each device's stack has its own mutex (the simulated devices
+// share one: they share one pretend GPU); building a stack takes the configuration mutex too. Statistics are
+// kept under the device's mutex.
+// Lifetime: the state is created on first use and never destroyed. PyTorch frees tensors during interpreter
+// teardown, after static destructors may have run, and the CUDA runtime may be gone by then: a stack that
+// outlived its process costs nothing, a destroyed one would crash the frees that come after it.
+#include <strata_alloc.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include <strata/default_pool.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+
+#include "alloc_conf.hpp"
+#include "device_stack.hpp"
+
+namespace {
+
+using namespace strata;
+using namespace strata::plugin;
+
+constexpr int max_devices = 64;
+
+thread_local std::string last_error;
+std::atomic<void (*)(const char*)> oom_handler{nullptr};
+
+void set_error(const char* where, const std::exception& e) noexcept
+{
+  try {
+    last_error = std::string("strata ") + where + ": " + e.what();
+  } catch (...) {
+  }
+}
+void set_error(const char* where, const std::string& what) noexcept
+{
+  try {
+    last_error = *where != '\0' ? std::string("strata ") + where + ": " + what : what;
+  } catch (...) {
+  }
+}
+
+/// PyTorch's names where the meaning is the same (bytes as requested, counts of allocations).
+struct device_stats {
+  std::size_t allocated = 0, allocated_peak = 0;
+  std::size_t reserved_peak = 0;
+  std::uint64_t allocations_current = 0, allocations_peak = 0, allocations_total = 0, frees_total = 0;
+  std::uint64_t num_ooms = 0, num_alloc_retries = 0;
+};
+
+/// CuPy's free passes neither size nor stream: they are remembered at allocation.
+struct cupy_block {
+  std::size_t size;
+  cudaStream_t stream;
+};
+
+struct device_slot {
+  std::mutex own_mutex;
+  std::mutex* mutex = &own_mutex;
+  std::atomic<bool> built{false};
+  std::unique_ptr<device_stack> stack;
+  bool simulated = false;
+  std::size_t cap = SIZE_MAX;       ///< bytes in use allowed (limit=, set_memory_fraction)
+  std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
+  std::size_t device_memory = 0;
+  device_stats stats;
+  std::unordered_map<void*, cupy_block> cupy;
+  int routes = 0;  ///< graph pools being allocated to (a capture may be under way: no event queries then)
+};
+
+struct plugin_state {
+  std::mutex config_mutex;
+  std::optional<alloc_conf> conf;
+  std::atomic<bool> in_use{false};
+  std::array<device_slot, max_devices> slots;
+  std::mutex world_mutex;  ///< the simulated devices' one lock
+  std::unique_ptr<simulated_streams> world;
+  std::atomic<bool> atexit_registered{false};
+};
+
+plugin_state& state()
+{
+  static plugin_state* s = new plugin_state;  // never destroyed: see the file comment
+  return *s;
+}
+
+/// The configuration; on first need, STRATA_ALLOC_CONF's (a bad string throws, every time: no silent default).
+const alloc_conf& conf_locked(plugin_state& st)
+{
+  if (!st.conf) {
+    const char* env = std::getenv("STRATA_ALLOC_CONF");
+    st.conf = parse_alloc_conf(env != nullptr ? env : "");
+  }
+  return *st.conf;
+}
+
+void require_cuda_device(int device)
+{
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("no CUDA device (cudaGetDeviceCount: ") +
+                             (status != cudaSuccess ? cudaGetErrorString(status) : "0 devices") +
+                             "); stack=simulated runs without one");
+  }
+  if (device >= count)
+    throw std::invalid_argument("device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " CUDA devices)");
+}
+
+std::size_t device_total_memory(int device)
+{
+  std::size_t free_bytes = 0, total_bytes = 0;
+  strata::detail::scoped_device on(device);
+  strata::detail::cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return total_bytes;
+}
+
+std::vector<int> peers_for(const alloc_conf& c, int device)
+{
+  std::vector<int> peers;
+  if (c.peers == alloc_conf::peer_mode::list) {
+    for (int p : c.peer_list)
+      if (p != device) peers.push_back(p);
+  } else if (c.peers == alloc_conf::peer_mode::all) {
+    int count = 0;
+    strata::detail::cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    for (int p = 0; p < count; ++p) {
+      int can = 0;
+      if (p != device && cudaDeviceCanAccessPeer(&can, p, device) == cudaSuccess && can) peers.push_back(p);
+    }
+    (void)cudaGetLastError();
+  }
+  return peers;
+}
+
+std::string trace_path(const alloc_conf& c, int device)
+{
+  return device == 0 ? c.record : c.record + "." + std::to_string(device);
+}
+
+template <class Stack>
+std::unique_ptr<device_stack> hold(Stack stack, const alloc_conf& c, int device)
+{
+  if (c.record.empty()) return std::make_unique<stack_holder<Stack, false>>(std::move(stack));
+  return std::make_unique<stack_holder<Stack, true>>(std::move(stack), trace_path(c, device));
+}
+
+std::size_t cap_of(const alloc_conf& c, std::size_t device_memory)
+{
+  if (c.limit_bytes) return *c.limit_bytes;
+  if (c.limit_fraction) return static_cast<std::size_t>(*c.limit_fraction * static_cast<double>(device_memory));
+  return SIZE_MAX;
+}
+
+void build_simulated(plugin_state& st, device_slot& s, const alloc_conf& c, int device)
+{
+  if (device >= c.sim_devices)
+    throw std::invalid_argument("device " + std::to_string(device) + " does not exist (sim_devices=" + std::to_string(c.sim_devices) + ")");
+  if (!st.world) st.world = std::make_unique<simulated_streams>();
+  s.device_memory = c.sim_capacity;
+  s.cap = s.pool_cap = cap_of(c, c.sim_capacity);
+  mapped_pool<simulated_pages>::options opts;
+  opts.max_physical = std::min(s.cap, c.sim_capacity);
+  s.stack = hold(planning_pool{mapped_pool<simulated_pages>{simulated_pages{c.sim_page, c.sim_capacity}, opts}, {},
+                               simulated_events{*st.world}},
+                 c, device);
+  s.mutex = &st.world_mutex;
+  s.simulated = true;
+}
+
+void build_cuda(device_slot& s, const alloc_conf& c, int device)
+{
+  require_cuda_device(device);
+  s.device_memory = device_total_memory(device);
+  s.cap = s.pool_cap = cap_of(c, s.device_memory);
+  if (c.stack == stack_kind::default_pool) {
+    default_pool_options o;
+    o.device = device;
+    o.max_physical = s.cap;
+    o.peers = peers_for(c, device);
+    s.stack = hold(make_default_pool(o), c, device);
+  } else {
+    strata::detail::scoped_device on(device);
+    using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
+    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}}}, c, device);
+  }
+}
+
+void flush_all_traces() noexcept;
+
+/// The device's slot with its stack built (first use: from the configuration). Throws what refused it.
+device_slot& slot_for(int device)
+{
+  if (device < 0 || device >= max_devices)
+    throw std::invalid_argument("device " + std::to_string(device) + " is out of range [0, " + std::to_string(max_devices) + ")");
+  plugin_state& st = state();
+  device_slot& s = st.slots[static_cast<std::size_t>(device)];
+  if (s.built.load(std::memory_order_acquire)) return s;
+  std::lock_guard config_lock(st.config_mutex);
+  if (s.built.load(std::memory_order_relaxed)) return s;
+  const alloc_conf& c = conf_locked(st);
+  if (c.stack == stack_kind::simulated) {
+    std::lock_guard world_lock(st.world_mutex);
+    build_simulated(st, s, c, device);
+  } else {
+    build_cuda(s, c, device);
+  }
+  if (!c.record.empty() && !st.atexit_registered.exchange(true)) std::atexit(flush_all_traces);
+  st.in_use.store(true, std::memory_order_release);
+  s.built.store(true, std::memory_order_release);
+  return s;
+}
+
+/// Makes the device current for a real stack's call (its events are created on the current device).
+struct device_scope {
+  std::optional<strata::detail::scoped_device> on;
+  device_scope(const device_slot& s, int device)
+  {
+    if (!s.simulated) on.emplace(device);
+  }
+};
+
+void account_alloc(device_slot& s, std::size_t size) noexcept
+{
+  device_stats& st = s.stats;
+  st.allocated += size;
+  st.allocated_peak = std::max(st.allocated_peak, st.allocated);
+  ++st.allocations_current;
+  st.allocations_peak = std::max(st.allocations_peak, st.allocations_current);
+  ++st.allocations_total;
+  st.reserved_peak = std::max(st.reserved_peak, s.stack->usage().reserved);
+}
+
+void account_free(device_slot& s, std::size_t size) noexcept
+{
+  s.stats.allocated -= std::min(size, s.stats.allocated);
+  if (s.stats.allocations_current > 0) --s.stats.allocations_current;
+  ++s.stats.frees_total;
+}
+
+/// Allocates with the device's lock held. Out of memory: idle memory is released and the request retried
+/// once (release_on_oom); failing that, num_ooms counts it and the exception goes to the caller.
+void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
+{
+  // Held blocks are given back only outside captures: querying an event during a global-mode capture is
+  // illegal (PyTorch's caching allocator skips its event processing then too).
+  if (s.routes == 0) s.stack->reap();
+  if (size > s.cap - std::min(s.cap, s.stats.allocated)) {
+    ++s.stats.num_ooms;
+    throw out_of_memory("strata plug-in", size, "limit " + std::to_string(s.cap) + " bytes, " + std::to_string(s.stats.allocated) + " in use");
+  }
+  void* p = nullptr;
+  try {
+    p = s.stack->allocate(size, stream);
+  } catch (const std::bad_alloc&) {
+    if (!state().conf->release_on_oom) {
+      ++s.stats.num_ooms;
+      throw;
+    }
+    ++s.stats.num_alloc_retries;
+    try {
+      s.stack->release();
+      p = s.stack->allocate(size, stream);
+    } catch (const std::bad_alloc&) {
+      ++s.stats.num_ooms;
+      throw;
+    }
+  }
+  account_alloc(s, size);
+  return p;
+}
+
+void* allocate(std::size_t size, int device, cudaStream_t stream)
+{
+  if (size == 0) return nullptr;
+  device_slot& s = slot_for(device);
+  std::lock_guard lock(*s.mutex);
+  device_scope on(s, device);
+  return allocate_locked(s, size, stream);
+}
+
+void free_locked(device_slot& s, void* ptr, std::size_t size, cudaStream_t stream) noexcept
+{
+  s.stack->deallocate(ptr, size, stream);
+  account_free(s, size);
+}
+
+/// A built slot, or null (nothing was ever allocated there).
+device_slot* built_slot(int device) noexcept
+{
+  if (device < 0 || device >= max_devices) return nullptr;
+  device_slot& s = state().slots[static_cast<std::size_t>(device)];
+  return s.built.load(std::memory_order_acquire) ? &s : nullptr;
+}
+
+void flush_all_traces() noexcept
+{
+  for (int d = 0; d < max_devices; ++d)
+    if (device_slot* s = built_slot(d)) {
+      std::lock_guard lock(*s->mutex);
+      (void)s->stack->flush_trace();
+    }
+}
+
+std::uint64_t pool_key(std::pair<unsigned long long, unsigned long long> id) noexcept
+{
+  // PyTorch numbers graph pools {n, 0} and user MemPools {0, n} from two counters: keep them apart.
+  return id.first != 0 ? id.first : (id.second | (std::uint64_t{1} << 63));
+}
+
+std::string stats_json(device_slot* s, const std::string& stack_name)
+{
+  device_stats st{};
+  strata::usage u{};
+  std::size_t held = 0;
+  if (s != nullptr) {
+    std::lock_guard lock(*s->mutex);
+    st = s->stats;
+    u = s->stack->usage();
+    held = s->stack->held_bytes();
+  }
+  auto field = [](std::string& out, const char* key, auto value) {
+    out += '"';
+    out += key;
+    out += "\":";
+    if constexpr (std::is_floating_point_v<decltype(value)>) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", value);
+      out += buf;
+    } else {
+      out += std::to_string(value);
+    }
+    out += ',';
+  };
+  std::string out = "{";
+  field(out, "allocated_bytes.all.current", st.allocated);
+  field(out, "allocated_bytes.all.peak", st.allocated_peak);
+  field(out, "active_bytes.all.current", st.allocated + held);
+  field(out, "reserved_bytes.all.current", u.reserved);
+  field(out, "reserved_bytes.all.peak", std::max(st.reserved_peak, u.reserved));
+  field(out, "allocation.all.current", st.allocations_current);
+  field(out, "allocation.all.peak", st.allocations_peak);
+  field(out, "allocation.all.allocated", st.allocations_total);
+  field(out, "allocation.all.freed", st.frees_total);
+  field(out, "segment.all.current", u.chunks);
+  field(out, "num_alloc_retries", st.num_alloc_retries);
+  field(out, "num_ooms", st.num_ooms);
+  field(out, "strata.fragmentation", u.fragmentation());
+  field(out, "strata.largest_free", u.largest_free);
+  field(out, "strata.in_use_bytes", u.in_use);
+  field(out, "strata.held_for_other_streams_bytes", held);
+  field(out, "strata.limit_bytes", s != nullptr ? s->cap : std::size_t{0});
+  out += "\"strata.stack\":\"";
+  out += stack_name;
+  out += "\"}";
+  return out;
+}
+
+std::size_t copy_out(const std::string& text, char* buf, std::size_t len) noexcept
+{
+  if (buf != nullptr && len > text.size()) {
+    text.copy(buf, text.size());
+    buf[text.size()] = '\0';
+  }
+  return text.size();
+}
+
+simulated_streams* world_or_error(const char* where) noexcept
+{
+  plugin_state& st = state();
+  std::lock_guard config_lock(st.config_mutex);
+  try {
+    if (conf_locked(st).stack != stack_kind::simulated) {
+      set_error(where, std::string("only with stack=simulated"));
+      return nullptr;
+    }
+  } catch (const std::exception& e) {
+    set_error(where, e);
+    return nullptr;
+  }
+  std::lock_guard world_lock(st.world_mutex);
+  if (!st.world) st.world = std::make_unique<simulated_streams>();
+  return st.world.get();
+}
+
+} // namespace
+
+extern "C" {
+
+void* strata_malloc(size_t size, int device, cudaStream_t stream)
+{
+  try {
+    return allocate(size, device, stream);
+  } catch (const std::exception& e) {
+    set_error("malloc", e);
+  } catch (...) {
+    set_error("malloc", std::string("unknown exception"));
+  }
+  return nullptr;
+}
+
+void strata_set_oom_handler(void (*handler)(const char* message)) { oom_handler.store(handler); }
+
+void strata_report_error(const char* message) { set_error("", std::string(message != nullptr ? message : "")); }
+
+void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream)
+{
+  try {
+    return allocate(size, device, stream);
+  } catch (const std::bad_alloc& e) {
+    set_error("malloc", e);
+    if (const auto handler = oom_handler.load()) handler(last_error.c_str());  // throws the framework's type
+    throw;
+  } catch (const std::exception& e) {
+    set_error("malloc", e);
+    throw std::runtime_error(last_error);
+  }
+}
+
+void strata_free(void* ptr, size_t size, int device, cudaStream_t stream)
+{
+  if (ptr == nullptr) return;
+  device_slot* s = built_slot(device);
+  if (s == nullptr) {
+    set_error("free", "device " + std::to_string(device) + " has no stack: the pointer is not strata's (leaked, not freed)");
+    return;
+  }
+  std::lock_guard lock(*s->mutex);
+  try {
+    device_scope on(*s, device);
+    free_locked(*s, ptr, size, stream);
+  } catch (const std::exception& e) {  // the device could not be made current: free anyway
+    set_error("free", e);
+    free_locked(*s, ptr, size, stream);
+  }
+}
+
+void strata_init(int /*device_count*/)
+{
+  // Nothing to do: stacks are built per device on first use. Configuration errors surface at the first
+  // allocation (and at strata_check_env / strata_configure, which the Python module calls first).
+}
+
+void strata_reset(void)
+{
+  for (int d = 0; d < max_devices; ++d) {
+    device_slot* s = built_slot(d);
+    if (s == nullptr) continue;
+    std::lock_guard lock(*s->mutex);
+    try {
+      device_scope on(*s, d);
+      s->stack->release();
+    } catch (const std::exception& e) {
+      set_error("reset", e);
+    }
+  }
+}
+
+void strata_set_memory_fraction(double fraction, int device)
+{
+  try {
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
+    s.cap = std::min(wanted, s.pool_cap);
+    if (wanted > s.pool_cap)
+      set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
+                                           std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
+  } catch (const std::exception& e) {
+    set_error("set_memory_fraction", e);
+  }
+}
+
+void strata_record_stream(void* ptr, cudaStream_t stream)
+{
+  if (ptr == nullptr) return;
+  for (int d = 0; d < max_devices; ++d) {
+    device_slot* s = built_slot(d);
+    if (s == nullptr) continue;
+    std::lock_guard lock(*s->mutex);
+    if (!s->stack->owns(ptr)) continue;
+    try {
+      s->stack->record_use(ptr, stream);
+    } catch (const std::exception& e) {
+      set_error("record_stream", e);
+    }
+    return;
+  }
+  set_error("record_stream", std::string("the pointer is not a strata block"));
+}
+
+void* strata_base_alloc(void* ptr, size_t* size)
+{
+  // PyTorch shares a CUDA tensor with another process (torch.multiprocessing) as an IPC handle of the base
+  // allocation plus the tensor's offset in it: the base must be the allocation CUDA knows (a cudaMalloc'd
+  // chunk of the coalescing stack), not the block. The driver's cuMemGetAddressRange says which, for every
+  // stack; where it cannot (no driver, not device memory), the block is its own base.
+  using get_range_fn = int (*)(unsigned long long* base, std::size_t* bytes, unsigned long long address);
+  static const auto get_range = strata::detail::driver_entry_point<get_range_fn>("cuMemGetAddressRange");
+  if (ptr == nullptr || get_range == nullptr) return ptr;
+  unsigned long long base = 0;
+  std::size_t bytes = 0;
+  if (get_range(&base, &bytes, reinterpret_cast<unsigned long long>(ptr)) != 0) return ptr;  // CUDA_SUCCESS is 0
+  if (size != nullptr) *size = bytes;
+  return reinterpret_cast<void*>(base);
+}
+
+int strata_configure(const char* conf)
+{
+  plugin_state& st = state();
+  try {
+    std::lock_guard lock(st.config_mutex);
+    if (st.in_use.load())
+      throw std::logic_error("refused: the allocator is in use (a stack was built); configure before the first allocation");
+    st.conf = parse_alloc_conf(conf != nullptr ? conf : "");
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("configure", e);
+    return 1;
+  }
+}
+
+int strata_check_env(void)
+{
+  try {
+    const char* env = std::getenv("STRATA_ALLOC_CONF");
+    (void)parse_alloc_conf(env != nullptr ? env : "");
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("check_env", e);
+    return 1;
+  }
+}
+
+const char* strata_last_error(void) { return last_error.c_str(); }
+
+int strata_is_in_use(void) { return state().in_use.load() ? 1 : 0; }
+
+size_t strata_memory_stats_json(int device, char* buf, size_t len)
+{
+  try {
+    if (device < 0 || device >= max_devices) throw std::invalid_argument("device " + std::to_string(device) + " is out of range");
+    std::string stack_name;
+    {
+      std::lock_guard lock(state().config_mutex);
+      if (state().conf) stack_name = name_of(state().conf->stack);
+    }
+    return copy_out(stats_json(built_slot(device), stack_name), buf, len);
+  } catch (const std::exception& e) {
+    set_error("memory_stats", e);
+    return 0;
+  }
+}
+
+void strata_reset_peak_stats(int device)
+{
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return;
+  std::lock_guard lock(*s->mutex);
+  s->stats.allocated_peak = s->stats.allocated;
+  s->stats.allocations_peak = s->stats.allocations_current;
+  s->stats.reserved_peak = s->stack->usage().reserved;
+}
+
+size_t strata_snapshot_json(int device, char* buf, size_t len)
+{
+  try {
+    device_slot* s = built_slot(device);
+    if (s == nullptr) return copy_out("{\"box\":\"\",\"segments\":[]}", buf, len);
+    std::lock_guard lock(*s->mutex);
+    return copy_out(s->stack->snapshot_json(), buf, len);
+  } catch (const std::exception& e) {
+    set_error("snapshot", e);
+    return 0;
+  }
+}
+
+int strata_record_flush(void)
+{
+  int failed = 0;
+  for (int d = 0; d < max_devices; ++d)
+    if (device_slot* s = built_slot(d)) {
+      std::lock_guard lock(*s->mutex);
+      if (!s->stack->flush_trace()) {
+        set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
+        failed = 1;
+      }
+    }
+  return failed;
+}
+
+// CuPy: its free passes neither size nor stream, so both are remembered per block.
+thread_local cudaStream_t cupy_stream = cudaStreamLegacy;
+
+void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
+{
+  try {
+    if (size == 0) return nullptr;
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
+    const cudaStream_t stream = cupy_stream;
+    s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
+    void* p = allocate_locked(s, size, stream);
+    s.cupy.emplace(p, cupy_block{size, stream});
+    return p;
+  } catch (const std::exception& e) {
+    set_error("cupy_malloc", e);
+    return nullptr;
+  }
+}
+
+void strata_cupy_free(void* /*param*/, void* ptr, int device)
+{
+  if (ptr == nullptr) return;
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return set_error("cupy_free", std::string("device has no stack: the pointer is not strata's"));
+  std::lock_guard lock(*s->mutex);
+  const auto it = s->cupy.find(ptr);
+  if (it == s->cupy.end()) return set_error("cupy_free", std::string("the pointer was not allocated through strata_cupy_malloc"));
+  const cupy_block b = it->second;
+  s->cupy.erase(it);
+  try {
+    device_scope on(*s, device);
+    free_locked(*s, ptr, b.size, b.stream);
+  } catch (const std::exception& e) {
+    set_error("cupy_free", e);
+    free_locked(*s, ptr, b.size, b.stream);
+  }
+}
+
+void strata_cupy_set_stream(cudaStream_t stream) { cupy_stream = stream; }
+
+
+cudaStream_t strata_sim_stream_create(int device)
+{
+  simulated_streams* w = world_or_error("sim_stream_create");
+  if (w == nullptr) return nullptr;
+  std::lock_guard lock(state().world_mutex);
+  try {
+    return w->create(device).get();
+  } catch (const std::exception& e) {
+    set_error("sim_stream_create", e);
+    return nullptr;
+  }
+}
+
+int strata_sim_launch(cudaStream_t stream)
+{
+  simulated_streams* w = world_or_error("sim_launch");
+  if (w == nullptr) return 1;
+  std::lock_guard lock(state().world_mutex);
+  try {
+    (void)w->launch(cuda::stream_ref{stream});
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("sim_launch", e);
+    return 1;
+  }
+}
+
+int strata_sim_finish(cudaStream_t stream)
+{
+  simulated_streams* w = world_or_error("sim_finish");
+  if (w == nullptr) return 1;
+  std::lock_guard lock(state().world_mutex);
+  try {
+    w->finish(cuda::stream_ref{stream});
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("sim_finish", e);
+    return 1;
+  }
+}
+
+void strata_begin_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> pool,
+                                   std::function<bool(cudaStream_t)> filter)
+{
+  // Thrown, not swallowed: PyTorch is starting a capture that this allocator could not serve, and a
+  // RuntimeError at torch.cuda.graph() is clearer than failed allocations inside it.
+  try {
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
+    s.stack->begin_allocate_to_pool(pool_key(pool), std::move(filter));
+    ++s.routes;
+  } catch (const std::exception& e) {
+    set_error("begin_allocate_to_pool", e);
+    throw std::runtime_error(last_error);
+  }
+}
+
+void strata_end_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> pool)
+{
+  try {
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    s.stack->end_allocate_to_pool(pool_key(pool));
+    if (s.routes > 0) --s.routes;
+  } catch (const std::exception& e) {
+    set_error("end_allocate_to_pool", e);
+    throw std::runtime_error(last_error);
+  }
+}
+
+void strata_release_pool(int device, std::pair<unsigned long long, unsigned long long> pool)
+{
+  try {
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
+    s.stack->release_pool(pool_key(pool));
+  } catch (const std::exception& e) {
+    set_error("release_pool", e);
+    throw std::runtime_error(last_error);
+  }
+}
+
+} // extern "C"

@@ -1,0 +1,175 @@
+// STRATA_ALLOC_CONF: every key's good values, every key's bad values, and the string's own shape.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "alloc_conf.hpp"
+
+using namespace strata::plugin;
+
+namespace {
+
+/// The message of the conf_error that parsing `text` throws ("" when it parses).
+std::string refusal(const std::string& text)
+{
+  try {
+    (void)parse_alloc_conf(text);
+  } catch (const conf_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+} // namespace
+
+TEST_CASE("alloc_conf: empty and blank strings give every default")
+{
+  for (const char* text : {"", "   ", "\t"}) {
+    const alloc_conf c = parse_alloc_conf(text);
+    CHECK(c.stack == stack_kind::default_pool);
+    CHECK(!c.limit_fraction);
+    CHECK(!c.limit_bytes);
+    CHECK(c.record.empty());
+    CHECK(c.peers == alloc_conf::peer_mode::none);
+    CHECK(c.release_on_oom);
+    CHECK(c.sim_devices == 1);
+  }
+}
+
+TEST_CASE("alloc_conf: stack")
+{
+  CHECK(parse_alloc_conf("stack=default").stack == stack_kind::default_pool);
+  CHECK(parse_alloc_conf("stack=coalescing").stack == stack_kind::coalescing);
+  CHECK(parse_alloc_conf("stack=simulated").stack == stack_kind::simulated);
+  const std::string e = refusal("stack=caching");
+  CHECK(contains(e, "stack=caching"));
+  CHECK(contains(e, "default, coalescing and simulated"));
+  CHECK(contains(refusal("stack=Default"), "stack=Default"));  // names are case-sensitive
+}
+
+TEST_CASE("alloc_conf: limit as a fraction or as bytes with a unit")
+{
+  CHECK(*parse_alloc_conf("limit=0.9").limit_fraction == doctest::Approx(0.9));
+  CHECK(*parse_alloc_conf("limit=1").limit_fraction == doctest::Approx(1.0));
+  CHECK(*parse_alloc_conf("limit=1.0").limit_fraction == doctest::Approx(1.0));
+  CHECK(*parse_alloc_conf("limit=40GiB").limit_bytes == (std::size_t{40} << 30));
+  CHECK(*parse_alloc_conf("limit=512MiB").limit_bytes == (std::size_t{512} << 20));
+  CHECK(*parse_alloc_conf("limit=1.5GiB").limit_bytes == (std::size_t{3} << 29));
+  CHECK(*parse_alloc_conf("limit=4096B").limit_bytes == 4096);
+  CHECK(*parse_alloc_conf("limit=10GB").limit_bytes == std::size_t{10000000000});
+  CHECK(*parse_alloc_conf("limit=2KiB").limit_bytes == 2048);
+  CHECK(*parse_alloc_conf("limit=1TiB").limit_bytes == (std::size_t{1} << 40));
+  CHECK(!parse_alloc_conf("limit=40GiB").limit_fraction);
+  for (const char* bad : {"limit=0", "limit=1.5", "limit=-0.5", "limit=2", "limit=4096", "limit=abc", "limit=0.9x",
+                          "limit=40 GiBs", "limit=GiB", "limit=-1GiB", "limit=0GiB", "limit=0.3B", "limit=nan", "limit=inf"}) {
+    const std::string e = refusal(bad);
+    CAPTURE(bad);
+    CHECK(contains(e, bad));  // the message repeats key=value
+  }
+  CHECK(contains(refusal("limit=2"), "(0, 1]"));
+  CHECK(contains(refusal("limit=abc"), "unit"));
+}
+
+TEST_CASE("alloc_conf: record, and .gz refused because the recorder cannot compress")
+{
+  CHECK(parse_alloc_conf("record=/tmp/trace.csv").record == "/tmp/trace.csv");
+  CHECK(parse_alloc_conf("record=trace").record == "trace");
+  const std::string e = refusal("record=trace.csv.gz");
+  CHECK(contains(e, "record=trace.csv.gz"));
+  CHECK(contains(e, "cannot compress"));
+}
+
+TEST_CASE("alloc_conf: peers")
+{
+  CHECK(parse_alloc_conf("peers=all").peers == alloc_conf::peer_mode::all);
+  CHECK(parse_alloc_conf("peers=none").peers == alloc_conf::peer_mode::none);
+  const alloc_conf c = parse_alloc_conf("peers=1:2:5");
+  CHECK(c.peers == alloc_conf::peer_mode::list);
+  CHECK(c.peer_list == std::vector<int>{1, 2, 5});
+  CHECK(parse_alloc_conf("peers=3").peer_list == std::vector<int>{3});
+  for (const char* bad : {"peers=some", "peers=1:x", "peers=1::2", "peers=-1", "peers=1:", "peers=5000"}) {
+    CAPTURE(bad);
+    CHECK(contains(refusal(bad), bad));
+  }
+  CHECK(contains(refusal("peers=1:1"), "listed twice"));
+  CHECK(contains(refusal("stack=coalescing,peers=all"), "only to stack=default"));
+  CHECK(contains(refusal("peers=all,stack=simulated"), "only to stack=default"));  // order does not matter
+}
+
+TEST_CASE("alloc_conf: release_on_oom")
+{
+  CHECK(parse_alloc_conf("release_on_oom=true").release_on_oom);
+  CHECK(parse_alloc_conf("release_on_oom=1").release_on_oom);
+  CHECK(!parse_alloc_conf("release_on_oom=false").release_on_oom);
+  CHECK(!parse_alloc_conf("release_on_oom=0").release_on_oom);
+  for (const char* bad : {"release_on_oom=yes", "release_on_oom=True", "release_on_oom=2"}) {
+    CAPTURE(bad);
+    const std::string e = refusal(bad);
+    CHECK(contains(e, bad));
+    CHECK(contains(e, "true or false"));
+  }
+}
+
+TEST_CASE("alloc_conf: the simulated stack's keys, and only with it")
+{
+  const alloc_conf c = parse_alloc_conf("stack=simulated,sim_capacity=16GiB,sim_page=64KiB,sim_devices=4");
+  CHECK(c.sim_capacity == (std::size_t{16} << 30));
+  CHECK(c.sim_page == (std::size_t{64} << 10));
+  CHECK(c.sim_devices == 4);
+  for (const char* key : {"sim_capacity=1GiB", "sim_page=2MiB", "sim_devices=2"}) {
+    CAPTURE(key);
+    const std::string e = refusal(std::string("stack=default,") + key);
+    CHECK(contains(e, "only to stack=simulated"));
+    CHECK(contains(refusal(key), "only to stack=simulated"));  // the default stack too
+  }
+  for (const char* bad : {"sim_capacity=16", "sim_capacity=big", "sim_page=3000B", "sim_page=100B", "sim_devices=0",
+                          "sim_devices=65", "sim_devices=two"}) {
+    CAPTURE(bad);
+    CHECK(contains(refusal(std::string("stack=simulated,") + bad), bad));
+  }
+  CHECK(contains(refusal("stack=simulated,sim_capacity=1MiB,sim_page=2MiB"), "less than one page"));
+}
+
+TEST_CASE("alloc_conf: several keys, spaces around keys and values")
+{
+  const alloc_conf c = parse_alloc_conf(" stack = coalescing , limit = 0.5 ,release_on_oom=false , record=t.csv ");
+  CHECK(c.stack == stack_kind::coalescing);
+  CHECK(*c.limit_fraction == doctest::Approx(0.5));
+  CHECK(!c.release_on_oom);
+  CHECK(c.record == "t.csv");
+}
+
+TEST_CASE("alloc_conf: the string's shape: unknown keys, duplicates, empty entries, missing '=' or value")
+{
+  std::string e = refusal("stack=default,colour=blue");
+  CHECK(contains(e, "unknown key 'colour'"));
+  CHECK(contains(e, "colour=blue"));
+  CHECK(contains(e, "the keys are stack, limit, record"));
+  CHECK(contains(refusal("Stack=default"), "unknown key 'Stack'"));
+
+  e = refusal("limit=0.5,limit=0.6");
+  CHECK(contains(e, "'limit' is given twice"));
+  CHECK(contains(e, "limit=0.6"));
+  CHECK(contains(refusal("stack=default, stack =default"), "given twice"));
+
+  CHECK(contains(refusal("stack=default,"), "empty entry"));
+  CHECK(contains(refusal(",stack=default"), "empty entry"));
+  CHECK(contains(refusal("stack=default,,limit=0.5"), "empty entry"));
+  CHECK(contains(refusal("stack=default, ,limit=0.5"), "empty entry"));
+
+  CHECK(contains(refusal("stack"), "entry 'stack' is not key=value"));
+  CHECK(contains(refusal("stack=default,limit"), "entry 'limit' is not key=value"));
+  CHECK(contains(refusal("=default"), "no key"));
+  e = refusal("record=");
+  CHECK(contains(e, "record="));
+  CHECK(contains(e, "empty value"));
+  CHECK(contains(refusal("stack=default:coalescing"), "stack=default:coalescing"));  // PyTorch's ':' is not ours
+}
+
+TEST_CASE("alloc_conf: each refusal is a conf_error, a std::invalid_argument")
+{
+  CHECK_THROWS_AS(parse_alloc_conf("bogus=1"), conf_error);
+  CHECK_THROWS_AS(parse_alloc_conf("limit=7"), std::invalid_argument);
+}

@@ -1,0 +1,604 @@
+// libstrata_alloc.so's C entry points over the simulated stack (no GPU): what PyTorch and CuPy call.
+// The plug-in's state belongs to its process (configured once, built on first use), so every case runs in a
+// child process of its own; the child reports each failed expectation back through a pipe.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <new>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <strata_alloc.h>
+
+namespace {
+
+/// Expectations checked in the child; their failures travel to the parent as text.
+struct expectations {
+  std::string failures;
+  void operator()(bool ok, const std::string& what, int line)
+  {
+    if (!ok) failures += "line " + std::to_string(line) + ": " + what + " (last error: " + strata_last_error() + ")\n";
+  }
+};
+#define EXPECT(cond) ex((cond), #cond, __LINE__)
+
+/// Runs `body` in a fresh process; returns what failed there ("" when everything held).
+std::string in_child(const std::function<void(expectations&)>& body, bool run_atexit = false)
+{
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  std::cout.flush();  // or the child's exit would write the parent's buffered output a second time
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    expectations ex;
+    try {
+      body(ex);
+    } catch (const std::exception& e) {
+      ex.failures += std::string("exception escaped: ") + e.what() + "\n";
+    }
+    const ssize_t written = write(fds[1], ex.failures.data(), ex.failures.size());
+    (void)written;
+    close(fds[1]);
+    if (run_atexit) std::exit(0);  // the plug-in's exit-time trace flush runs
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status)) out += "child died (signal " + std::to_string(WTERMSIG(status)) + ")\n";
+  return out;
+}
+
+/// A flat JSON object of numbers and strings, parsed strictly: throws on anything else.
+std::map<std::string, std::string> parse_flat_json(const std::string& s)
+{
+  std::map<std::string, std::string> out;
+  std::size_t i = 0;
+  auto expect_char = [&](char c) {
+    if (i >= s.size() || s[i] != c) throw std::runtime_error("JSON: expected '" + std::string(1, c) + "' at " + std::to_string(i));
+    ++i;
+  };
+  auto string_token = [&] {
+    expect_char('"');
+    const std::size_t end = s.find('"', i);
+    if (end == std::string::npos) throw std::runtime_error("JSON: unterminated string");
+    std::string v = s.substr(i, end - i);
+    i = end + 1;
+    return v;
+  };
+  expect_char('{');
+  while (true) {
+    const std::string key = string_token();
+    expect_char(':');
+    std::string value;
+    if (i < s.size() && s[i] == '"') {
+      value = string_token();
+    } else {
+      const std::size_t start = i;
+      while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || std::strchr("+-.eE", s[i]) != nullptr)) ++i;
+      value = s.substr(start, i - start);
+      if (value.empty()) throw std::runtime_error("JSON: no value for " + key);
+      (void)std::stod(value);
+    }
+    if (!out.emplace(key, value).second) throw std::runtime_error("JSON: duplicate key " + key);
+    if (i < s.size() && s[i] == ',') {
+      ++i;
+      continue;
+    }
+    expect_char('}');
+    break;
+  }
+  if (i != s.size()) throw std::runtime_error("JSON: trailing characters");
+  return out;
+}
+
+std::map<std::string, std::string> stats(int device)
+{
+  const std::size_t need = strata_memory_stats_json(device, nullptr, 0);
+  std::string buf(need + 1, '\0');
+  const std::size_t wrote = strata_memory_stats_json(device, buf.data(), buf.size());
+  if (wrote != need) throw std::runtime_error("memory_stats_json changed length between calls");
+  buf.resize(need);
+  return parse_flat_json(buf);
+}
+
+long long stat(int device, const std::string& key)
+{
+  const auto m = stats(device);
+  const auto it = m.find(key);
+  if (it == m.end()) throw std::runtime_error("memory_stats has no key " + key);
+  return std::stoll(it->second);
+}
+
+bool mentions(const std::string& text) { return std::strstr(strata_last_error(), text.c_str()) != nullptr; }
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+} // namespace
+
+TEST_CASE("C API: malloc and free on simulated streams, counted in memory_stats with PyTorch's keys")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_is_in_use() == 0);
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(strata_is_in_use() == 0);  // configuring builds nothing
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          EXPECT(a != nullptr && b != nullptr && a != b);
+          void* p = strata_malloc(1000, 0, a);
+          void* q = strata_malloc(3 * MiB, 0, b);
+          void* r = strata_malloc(4096, 0, a);
+          EXPECT(p != nullptr && q != nullptr && r != nullptr);
+          EXPECT(p != q && p != r && q != r);
+          EXPECT(reinterpret_cast<std::uintptr_t>(p) % 256 == 0 && reinterpret_cast<std::uintptr_t>(q) % 256 == 0);
+          EXPECT(strata_is_in_use() == 1);
+
+          const auto m = stats(0);
+          for (const char* key : {"allocated_bytes.all.current", "allocated_bytes.all.peak", "active_bytes.all.current",
+                                  "reserved_bytes.all.current", "reserved_bytes.all.peak", "allocation.all.current",
+                                  "allocation.all.allocated", "allocation.all.freed", "segment.all.current", "num_alloc_retries",
+                                  "num_ooms", "strata.fragmentation", "strata.largest_free", "strata.stack"})
+            EXPECT(m.count(key) == 1);
+          EXPECT(m.at("strata.stack") == "simulated");
+          EXPECT(stat(0, "allocated_bytes.all.current") == 1000 + 3 * MiB + 4096);
+          EXPECT(stat(0, "allocation.all.current") == 3);
+          EXPECT(stat(0, "allocation.all.allocated") == 3);
+          EXPECT(stat(0, "reserved_bytes.all.current") >= static_cast<long long>(3 * MiB + 4096));
+
+          strata_free(q, 3 * MiB, 0, b);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 1000 + 4096);
+          EXPECT(stat(0, "allocated_bytes.all.peak") == 1000 + 3 * MiB + 4096);
+          EXPECT(stat(0, "allocation.all.freed") == 1);
+          strata_reset_peak_stats(0);
+          EXPECT(stat(0, "allocated_bytes.all.peak") == 1000 + 4096);
+          strata_free(p, 1000, 0, a);
+          strata_free(r, 4096, 0, a);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          EXPECT(stat(0, "allocation.all.current") == 0);
+          EXPECT(stat(0, "num_ooms") == 0);
+          EXPECT(strata_malloc(0, 0, a) == nullptr);  // zero bytes: null, not a failure
+          EXPECT(stat(0, "num_ooms") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: memory_stats_json writes only when the buffer fits, and always says the length")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          EXPECT(strata_malloc(MiB, 0, nullptr) != nullptr);
+          const std::size_t need = strata_memory_stats_json(0, nullptr, 0);
+          EXPECT(need > 100);
+          std::string small(10, 'x');
+          EXPECT(strata_memory_stats_json(0, small.data(), small.size()) == need);
+          EXPECT(small == std::string(10, 'x'));
+          std::string exact(need, 'x');  // no room for the NUL: untouched
+          EXPECT(strata_memory_stats_json(0, exact.data(), exact.size()) == need);
+          EXPECT(exact == std::string(need, 'x'));
+          // A device never used reports zeros without building a stack.
+          EXPECT(stat(5, "allocated_bytes.all.current") == 0);
+          EXPECT(strata_memory_stats_json(-1, nullptr, 0) == 0);
+          EXPECT(mentions("out of range"));
+        }) == "");
+}
+
+TEST_CASE("C API: empty_cache (strata_reset) hands idle memory back")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          std::vector<void*> blocks;
+          for (int i = 0; i < 16; ++i) blocks.push_back(strata_malloc(8 * MiB, 0, a));
+          for (void* p : blocks) EXPECT(p != nullptr);
+          EXPECT(stat(0, "reserved_bytes.all.current") >= static_cast<long long>(128 * MiB));
+          for (void* p : blocks) strata_free(p, 8 * MiB, 0, a);
+          strata_reset();
+          EXPECT(stat(0, "reserved_bytes.all.current") == 0);
+          EXPECT(stat(0, "reserved_bytes.all.peak") >= static_cast<long long>(128 * MiB));
+          EXPECT(strata_malloc(8 * MiB, 0, a) != nullptr);  // still usable
+        }) == "");
+}
+
+TEST_CASE("C API: out of memory is null, counted, and the process keeps working")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* keep = strata_malloc(16 * MiB, 0, a);
+          EXPECT(keep != nullptr);
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);
+          EXPECT(mentions("out of memory") || mentions("out_of_memory"));
+          EXPECT(stat(0, "num_ooms") == 1);
+          EXPECT(stat(0, "num_alloc_retries") == 1);  // released idle memory and tried once more
+          EXPECT(stat(0, "allocated_bytes.all.current") == static_cast<long long>(16 * MiB));
+          void* more = strata_malloc(32 * MiB, 0, a);
+          EXPECT(more != nullptr);
+          strata_free(more, 32 * MiB, 0, a);
+          strata_free(keep, 16 * MiB, 0, a);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          // The throwing entry point (for change_current_allocator): std::bad_alloc with the message.
+          bool threw = false;
+          try {
+            (void)strata_malloc_or_throw(128 * MiB, 0, a);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+          EXPECT(threw);
+          EXPECT(stat(0, "num_ooms") == 2);
+          EXPECT(strata_malloc_or_throw(MiB, 0, a) != nullptr);
+          // A framework's handler throws its own type instead (libstrata_torch_hooks: c10::OutOfMemoryError).
+          struct framework_oom {
+            std::string message;
+          };
+          strata_set_oom_handler([](const char* message) { throw framework_oom{message}; });
+          std::string seen;
+          try {
+            (void)strata_malloc_or_throw(128 * MiB, 0, a);
+          } catch (const framework_oom& e) {
+            seen = e.message;
+          }
+          EXPECT(seen.find("out of memory allocating 134217728 bytes") != std::string::npos);
+          strata_set_oom_handler(nullptr);
+          threw = false;
+          try {
+            (void)strata_malloc_or_throw(128 * MiB, 0, a);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+          EXPECT(threw);
+          strata_report_error("set by a companion library");
+          EXPECT(std::strcmp(strata_last_error(), "set by a companion library") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: release_on_oom=false fails without the retry")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB,release_on_oom=false") == 0);
+          EXPECT(strata_malloc(128 * MiB, 0, nullptr) == nullptr);
+          EXPECT(stat(0, "num_ooms") == 1);
+          EXPECT(stat(0, "num_alloc_retries") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: limit= and set_memory_fraction cap the bytes in use")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=16MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* p = strata_malloc(10 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          EXPECT(strata_malloc(10 * MiB, 0, a) == nullptr);
+          EXPECT(mentions("limit 16777216"));
+          EXPECT(stat(0, "num_ooms") == 1);
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(16 * MiB));
+          strata_free(p, 10 * MiB, 0, a);
+          EXPECT(strata_malloc(10 * MiB, 0, a) != nullptr);
+
+          // The stack was built with the configured limit as its physical cap: a fraction cannot raise it.
+          strata_set_memory_fraction(0.5, 0);
+          EXPECT(mentions("above the configured limit"));
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(16 * MiB));
+          strata_set_memory_fraction(1.0 / 128, 0);  // 8 MiB of the 1 GiB device: lower is fine
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(8 * MiB));
+        }) == "");
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_malloc(MiB, 0, a) != nullptr);
+          strata_set_memory_fraction(0.5, 0);  // torch.cuda.set_per_process_memory_fraction
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(512 * MiB));
+          EXPECT(strata_malloc(400 * MiB, 0, a) != nullptr);
+          EXPECT(strata_malloc(200 * MiB, 0, a) == nullptr);
+          EXPECT(mentions("limit 536870912"));
+          strata_set_memory_fraction(1.5, 0);
+          EXPECT(mentions("1.5"));
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(512 * MiB));  // unchanged
+          strata_set_memory_fraction(1.0, 0);
+          EXPECT(strata_malloc(200 * MiB, 0, a) != nullptr);
+        }) == "");
+}
+
+TEST_CASE("C API: record_stream holds a block until the recorded stream's work is done")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          void* p = strata_malloc(MiB, 0, a);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);  // b's work reads the block
+          strata_free(p, MiB, 0, a);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == static_cast<long long>(MiB));
+          EXPECT(stat(0, "active_bytes.all.current") == static_cast<long long>(MiB));
+          void* q = strata_malloc(MiB, 0, a);
+          EXPECT(q != p);  // not reused while b may still read it
+          EXPECT(strata_sim_finish(b) == 0);
+          void* r = strata_malloc(4096, 0, a);  // any allocation gives back what is done
+          EXPECT(r != nullptr);
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == 0);
+          // An unknown pointer is reported, not recorded.
+          int local = 0;
+          strata_record_stream(&local, b);
+          EXPECT(mentions("not a strata block"));
+        }) == "");
+}
+
+TEST_CASE("C API: empty_cache waits for held blocks too")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          void* p = strata_malloc(8 * MiB, 0, a);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);
+          strata_free(p, 8 * MiB, 0, a);
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == static_cast<long long>(8 * MiB));
+          strata_reset();
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == 0);
+          EXPECT(stat(0, "reserved_bytes.all.current") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: a bad configuration names the key; no silent default")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=bogus") != 0);
+          EXPECT(mentions("stack=bogus"));
+          EXPECT(strata_configure("stack=simulated,limt=0.5") != 0);
+          EXPECT(mentions("unknown key 'limt'"));
+          EXPECT(strata_is_in_use() == 0);
+          EXPECT(strata_configure("stack=simulated") == 0);  // a good one after bad ones
+          EXPECT(strata_malloc(MiB, 0, nullptr) != nullptr);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {
+          setenv("STRATA_ALLOC_CONF", "stack=simulated,limit=7", 1);
+          EXPECT(strata_check_env() != 0);
+          EXPECT(mentions("limit=7"));
+          for (int i = 0; i < 2; ++i) {  // every use fails the same way
+            EXPECT(strata_malloc(MiB, 0, nullptr) == nullptr);
+            EXPECT(mentions("limit=7"));
+          }
+          EXPECT(strata_is_in_use() == 0);
+          setenv("STRATA_ALLOC_CONF", "stack=simulated,limit=0.5", 1);
+          EXPECT(strata_check_env() == 0);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {
+          setenv("STRATA_ALLOC_CONF", "stack=simulated,sim_capacity=256MiB", 1);
+          EXPECT(strata_malloc(128 * MiB, 0, nullptr) != nullptr);  // the environment's configuration, read on first use
+          EXPECT(strata_malloc(192 * MiB, 0, nullptr) == nullptr);
+        }) == "");
+}
+
+TEST_CASE("C API: configure after first use is refused")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          EXPECT(strata_configure("stack=simulated,limit=0.5") == 0);  // still before first use: replaces it
+          void* p = strata_malloc(MiB, 0, nullptr);
+          EXPECT(p != nullptr);
+          EXPECT(strata_configure("stack=simulated") != 0);
+          EXPECT(mentions("in use"));
+          EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(40 * (std::size_t{1} << 30)));  // 0.5 of 80 GiB
+          strata_free(p, MiB, 0, nullptr);
+        }) == "");
+}
+
+TEST_CASE("C API: devices are separate; a device that does not exist is an error")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_devices=2") == 0);
+          cudaStream_t s1 = strata_sim_stream_create(1);
+          void* p = strata_malloc(2 * MiB, 1, s1);
+          EXPECT(p != nullptr);
+          EXPECT(stat(1, "allocated_bytes.all.current") == static_cast<long long>(2 * MiB));
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          EXPECT(strata_malloc(MiB, 2, nullptr) == nullptr);
+          EXPECT(mentions("device 2 does not exist"));
+          EXPECT(strata_malloc(MiB, 64, nullptr) == nullptr);
+          EXPECT(mentions("out of range"));
+          strata_free(p, 2 * MiB, 1, s1);
+          EXPECT(stat(1, "allocated_bytes.all.current") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: the CUDA stacks fail cleanly without a GPU")
+{
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    (void)cudaGetLastError();
+    MESSAGE("a GPU is present: the no-GPU path is not exercised here");
+    return;
+  }
+  for (const char* conf : {"stack=default", "stack=coalescing", "stack=default,limit=0.5,peers=all"}) {
+    CAPTURE(conf);
+    CHECK(in_child([conf](expectations& ex) {
+            EXPECT(strata_configure(conf) == 0);
+            EXPECT(strata_malloc(MiB, 0, nullptr) == nullptr);
+            EXPECT(mentions("no CUDA device"));
+            EXPECT(strata_malloc(MiB, 0, nullptr) == nullptr);  // again: same answer, no crash
+            EXPECT(mentions("no CUDA device"));
+            strata_reset();                                 // nothing built: nothing to do
+            EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+            EXPECT(strata_sim_stream_create(0) == nullptr);
+            EXPECT(mentions("only with stack=simulated"));
+          }) == "");
+  }
+}
+
+TEST_CASE("C API: CuPy's entry points remember size and stream")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          strata_cupy_set_stream(a);
+          void* p = strata_cupy_malloc(nullptr, 5000, 0);
+          EXPECT(p != nullptr);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 5000);
+          EXPECT(strata_cupy_malloc(nullptr, 0, 0) == nullptr);
+          strata_cupy_free(nullptr, p, 0);
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          strata_cupy_free(nullptr, p, 0);  // a second free is reported, not passed on
+          EXPECT(mentions("not allocated through strata_cupy_malloc"));
+          EXPECT(stat(0, "allocation.all.freed") == 1);
+          EXPECT(strata_cupy_malloc(nullptr, std::size_t{1} << 40, 0) == nullptr);  // out of memory: null
+          EXPECT(stat(0, "num_ooms") == 1);
+          // Another thread has its own stream (the legacy default until it sets one).
+          std::thread([&ex] {
+            void* q = strata_cupy_malloc(nullptr, 1000, 0);
+            EXPECT(q != nullptr);
+            strata_cupy_free(nullptr, q, 0);
+          }).join();
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: snapshot JSON lists the pool's segments")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          std::string empty(64, '\0');
+          EXPECT(strata_snapshot_json(0, empty.data(), empty.size()) > 0);  // nothing built yet
+          void* p = strata_malloc(3 * MiB, 0, nullptr);
+          EXPECT(p != nullptr);
+          const std::size_t need = strata_snapshot_json(0, nullptr, 0);
+          std::string buf(need + 1, '\0');
+          EXPECT(strata_snapshot_json(0, buf.data(), buf.size()) == need);
+          buf.resize(need);
+          EXPECT(buf.find("\"box\":\"mapped_pool\"") != std::string::npos);
+          EXPECT(buf.find("\"segments\":[{") != std::string::npos);
+          EXPECT(buf.find("\"size\":3145728") != std::string::npos);
+        }) == "");
+}
+
+TEST_CASE("C API: record=PATH writes the recorder's trace, flushed on demand and at exit")
+{
+  const std::string path = "/tmp/strata_plugin_test_trace_" + std::to_string(getpid()) + ".csv";
+  CHECK(in_child([&path](expectations& ex) {
+          EXPECT(strata_configure(("stack=simulated,sim_devices=2,record=" + path).c_str()) == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* p = strata_malloc(1000, 0, a);
+          strata_free(p, 1000, 0, a);
+          EXPECT(strata_record_flush() == 0);
+          std::ifstream in(path);
+          std::stringstream text;
+          text << in.rdbuf();
+          EXPECT(text.str().rfind("op,id,bytes,stream\na,0,1000,1\nf,0,1000,1\n", 0) == 0);
+          (void)strata_malloc(2000, 1, nullptr);  // device 1: its own file, flushed at exit
+        },
+                 /*run_atexit=*/true) == "");
+  std::ifstream dev1(path + ".1");
+  std::stringstream text;
+  text << dev1.rdbuf();
+  CHECK(text.str() == "op,id,bytes,stream\na,0,2000,0\n");
+  std::remove(path.c_str());
+  std::remove((path + ".1").c_str());
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,record=/nonexistent-dir/trace.csv") == 0);
+          EXPECT(strata_malloc(MiB, 0, nullptr) == nullptr);
+          EXPECT(mentions("cannot open the trace file"));
+        }) == "");
+}
+
+TEST_CASE("C API: threads allocate and free concurrently, each on its own stream")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=4GiB") == 0);
+          constexpr int threads = 4, steps = 2000;
+          std::vector<cudaStream_t> streams;
+          for (int t = 0; t < threads; ++t) streams.push_back(strata_sim_stream_create(0));
+          std::vector<long> done(threads, 0);
+          std::vector<std::thread> pool;
+          for (int t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+              std::mt19937 rng(static_cast<unsigned>(t));
+              std::vector<std::pair<void*, std::size_t>> live;
+              for (int i = 0; i < steps; ++i) {
+                if (live.empty() || rng() % 3 != 0) {
+                  const std::size_t n = 256 + rng() % (256 << 10);
+                  if (void* p = strata_malloc(n, 0, streams[t])) {
+                    live.emplace_back(p, n);
+                    ++done[t];
+                  }
+                } else {
+                  const std::size_t k = rng() % live.size();
+                  strata_free(live[k].first, live[k].second, 0, streams[t]);
+                  live.erase(live.begin() + static_cast<long>(k));
+                  ++done[t];
+                }
+              }
+              for (auto [p, n] : live) strata_free(p, n, 0, streams[t]);
+            });
+          for (auto& th : pool) th.join();
+          long total = 0;
+          for (long d : done) total += d;
+          EXPECT(total == threads * steps);  // every allocation succeeded (4 GiB is plenty)
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          EXPECT(stat(0, "allocation.all.current") == 0);
+          EXPECT(stat(0, "num_ooms") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: graph-pool hooks route a stream's allocations to a private pool until it is released")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), c = strata_sim_stream_create(0);
+          static cudaStream_t captured = nullptr;  // what PyTorch's filter accepts: the capturing stream
+          captured = c;
+          const std::pair<unsigned long long, unsigned long long> pool{1, 0};
+          strata_begin_allocate_to_pool(0, pool, [](cudaStream_t s) { return s == captured; });
+          void* p = strata_malloc(MiB, 0, c);  // into the pool
+          EXPECT(p != nullptr);
+          strata_free(p, MiB, 0, c);           // freed inside the graph: reusable by the pool only
+          void* q = strata_malloc(MiB, 0, a);  // another stream, outside the pool
+          EXPECT(q != nullptr && q != p);
+          void* r = strata_malloc(MiB, 0, c);  // the pool's own later allocation may take it back
+          EXPECT(r != nullptr);
+          strata_end_allocate_to_pool(0, pool);
+          void* after_end = strata_malloc(MiB, 0, c);  // routing stopped: from the common pool
+          EXPECT(after_end != nullptr && after_end != r);
+          strata_free(q, MiB, 0, a);
+          strata_free(after_end, MiB, 0, c);
+          strata_free(r, MiB, 0, c);  // a live pool block freed: it stays the pool's
+          strata_release_pool(0, pool);  // the graph is gone
+          strata_reset();
+          EXPECT(stat(0, "reserved_bytes.all.current") == 0);  // every pool block came back and was released
+          EXPECT(stat(0, "allocated_bytes.all.current") == 0);
+          // A user MemPool's id {0, n} is another pool than the graph pool {n, 0}.
+          strata_begin_allocate_to_pool(0, {0, 1}, [](cudaStream_t) { return true; });
+          EXPECT(strata_malloc(MiB, 0, a) != nullptr);
+          strata_end_allocate_to_pool(0, {0, 1});
+          strata_release_pool(0, {1, 0});  // releasing the other one (gone already) changes nothing
+          EXPECT(stat(0, "allocated_bytes.all.current") == static_cast<long long>(MiB));
+        }) == "");
+}
+
+TEST_CASE("C API: free of a pointer on a device that never allocated is reported, not passed on")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated") == 0);
+          int local = 0;
+          strata_free(&local, 4, 3, nullptr);
+          EXPECT(mentions("no stack"));
+          EXPECT(strata_base_alloc(&local, nullptr) == &local);
+        }) == "");
+}

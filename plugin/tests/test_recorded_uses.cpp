@@ -1,0 +1,182 @@
+// record_stream's holding of blocks, over the pretend GPU: a block used on another stream is not given back
+// before that stream's work at the free is done, and nothing else is delayed.
+#include <doctest/doctest.h>
+
+#include <utility>
+#include <vector>
+
+#include <strata/stream/simulated_streams.hpp>
+
+#include "recorded_uses.hpp"
+
+using namespace strata;
+using namespace strata::plugin;
+
+namespace {
+
+struct freed {
+  void* p;
+  std::size_t bytes;
+  cudaStream_t stream;
+};
+
+struct fixture {
+  simulated_streams world;
+  simulated_events backend{world};
+  recorded_uses<simulated_events> uses;
+  std::vector<freed> given_back;
+  cuda::stream_ref a = world.create(), b = world.create(), c = world.create();
+  void* p = reinterpret_cast<void*>(0x100000);
+
+  auto collector()
+  {
+    return [this](void* q, std::size_t n, cudaStream_t s) { given_back.push_back({q, n, s}); };
+  }
+};
+
+} // namespace
+
+TEST_CASE("recorded_uses: an unrecorded block is not held")
+{
+  fixture f;
+  CHECK(!f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  CHECK(f.world.calls().records == 0);  // nothing recorded, no event made
+}
+
+TEST_CASE("recorded_uses: a block recorded on another stream waits for that stream's work at the free")
+{
+  fixture f;
+  f.uses.record(f.p, f.b.get());
+  CHECK(f.uses.recorded(f.p));
+  f.world.launch(f.b);  // work on b using the block, still running at the free
+  REQUIRE(f.uses.hold(f.backend, f.p, 4096, f.a.get()));
+  CHECK(f.uses.held_blocks() == 1);
+  CHECK(f.uses.held_bytes() == 4096);
+  CHECK(!f.uses.recorded(f.p));
+
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.empty());  // b's work is not done
+  f.world.launch(f.b);          // later work on b does not delay it further
+  f.world.finish(f.a);          // nor does the allocation stream's
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.empty());
+
+  f.world.finish(f.b);
+  f.uses.reap(f.backend, f.collector());
+  REQUIRE(f.given_back.size() == 1);
+  CHECK(f.given_back[0].p == f.p);
+  CHECK(f.given_back[0].bytes == 4096);
+  CHECK(f.given_back[0].stream == f.a.get());  // back on its own stream: that stream's order covers the rest
+  CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.uses.held_bytes() == 0);
+  CHECK(f.world.live_events() == f.uses.spare_events());  // the event is kept for the next hold, nothing leaks
+  CHECK(f.uses.spare_events() == 1);
+  CHECK(f.world.ordered_after(f.world.id_of(f.a), f.world.id_of(f.b)) == 0);  // no stream made to wait
+}
+
+TEST_CASE("recorded_uses: several streams; all must be done")
+{
+  fixture f;
+  f.uses.record(f.p, f.b.get());
+  f.uses.record(f.p, f.c.get());
+  f.uses.record(f.p, f.b.get());  // twice: one event
+  f.world.launch(f.b);
+  f.world.launch(f.c);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  CHECK(f.world.calls().records == 2);
+  f.world.finish(f.b);
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.empty());
+  f.world.finish(f.c);
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.size() == 1);
+}
+
+TEST_CASE("recorded_uses: recorded on its own free stream only: not held")
+{
+  fixture f;
+  f.uses.record(f.p, f.a.get());
+  CHECK(!f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  CHECK(f.uses.recorded_blocks() == 0);  // forgotten: the pointer may come back as a new block
+}
+
+TEST_CASE("recorded_uses: drain waits on the host for everything held")
+{
+  fixture f;
+  void* q = reinterpret_cast<void*>(0x200000);
+  f.uses.record(f.p, f.b.get());
+  f.uses.record(q, f.c.get());
+  f.world.launch(f.b);
+  f.world.launch(f.c);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  REQUIRE(f.uses.hold(f.backend, q, 512, f.a.get()));
+  f.uses.drain(f.backend, f.collector());
+  CHECK(f.given_back.size() == 2);
+  CHECK(f.world.calls().host_waits == 2);
+  CHECK(f.world.completed(f.world.id_of(f.b)) == f.world.enqueued(f.world.id_of(f.b)));
+  CHECK(f.uses.held_bytes() == 0);
+}
+
+TEST_CASE("recorded_uses: a failed drain keeps the block held, never given back as if safe")
+{
+  fixture f;
+  f.uses.record(f.p, f.b.get());
+  f.world.launch(f.b);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  f.world.fail_host_waits(true);
+  CHECK_THROWS(f.uses.drain(f.backend, f.collector()));
+  CHECK(f.given_back.empty());
+  CHECK(f.uses.held_blocks() == 1);
+  f.world.fail_host_waits(false);
+  f.uses.drain(f.backend, f.collector());
+  CHECK(f.given_back.size() == 1);
+}
+
+TEST_CASE("recorded_uses: a stream being captured gets no event: the free waits for it on the host instead")
+{
+  fixture f;
+  f.uses.record(f.p, f.b.get());
+  f.world.launch(f.b);
+  f.world.begin_capture(f.b);
+  // Recording on a capturing stream is illegal: the fallback host wait is illegal too while it captures,
+  // so the block is abandoned, never reused.
+  CHECK(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  CHECK(f.uses.abandoned_blocks() == 1);
+  CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.world.live_events() == f.uses.spare_events());
+  f.world.end_capture(f.b);
+
+  // A stream destroyed before the free: neither an event nor a wait is possible; abandoned as well.
+  fixture g;
+  cuda::stream_ref gone = g.world.create();
+  g.uses.record(g.p, gone.get());
+  g.world.destroy(gone);
+  CHECK(g.uses.hold(g.backend, g.p, 256, g.a.get()));
+  CHECK(g.uses.abandoned_blocks() == 1);
+  CHECK(g.world.live_events() == g.uses.spare_events());
+}
+
+TEST_CASE("recorded_uses: events are reused, and destroy() gives every one back")
+{
+  fixture f;
+  int returned = 0;
+  for (int i = 0; i < 100; ++i) {
+    f.uses.record(f.p, f.b.get());
+    f.uses.record(f.p, f.c.get());
+    f.world.launch(f.b);
+    REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+    f.world.finish(f.b);
+    f.world.finish(f.c);
+    f.uses.reap(f.backend, [&](void*, std::size_t, cudaStream_t) { ++returned; });
+  }
+  CHECK(returned == 100);
+  CHECK(f.world.live_events() == 2);  // two streams' worth, made once
+  CHECK(f.world.calls().records == 200);
+  f.uses.record(f.p, f.b.get());
+  f.world.launch(f.b);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));  // one held with its event at destruction
+  f.uses.destroy(f.backend);
+  CHECK(f.world.live_events() == 0);
+  CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.uses.spare_events() == 0);
+}

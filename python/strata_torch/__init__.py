@@ -1,0 +1,313 @@
+"""strata as PyTorch's CUDA allocator.
+
+    import strata_torch
+    strata_torch.enable("stack=default,limit=0.9")   # before the first CUDA allocation
+    ...                                              # train as usual
+    print(strata_torch.memory_summary())             # torch.cuda.memory_stats() is unavailable under a
+                                                     # plugged allocator; these give it back
+
+Scoped use instead of process-wide: ``with torch.cuda.use_mem_pool(strata_torch.MemPool()): ...``.
+CuPy: ``strata_torch.cupy.enable(conf)``.
+
+torch is imported lazily, inside the functions that need it, so configuration checks, statistics and the
+summary work where PyTorch is not installed.
+"""
+
+import ctypes
+import os
+import sys
+import threading
+import warnings
+
+from . import _library, _stats
+from ._library import ConfigError, library_path
+from ._stats import format_bytes
+
+__all__ = ["enable", "is_enabled", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+           "snapshot", "empty_cache", "record", "flush_record", "library_path", "validate", "hooks",
+           "ConfigError", "format_bytes", "peak_ratio"]
+
+DEFAULT_CONF = "stack=default"
+
+# PyTorch's setter on the allocator object -> the plug-in's symbol. Several setter spellings per hook: PyTorch
+# 2.11 names them as in the first column; a later rename is picked up without a change here.
+_HOOKS = [
+    (("set_init_fn",), "strata_init"),
+    (("set_reset_fn",), "strata_reset"),
+    (("set_memory_fraction_fn",), "strata_set_memory_fraction"),
+    (("set_record_stream_fn",), "strata_record_stream"),
+    (("set_base_alloc_fn",), "strata_base_alloc"),
+    (("set_begin_allocate_to_pool", "set_begin_allocate_to_pool_fn"), "strata_begin_allocate_to_pool"),
+    (("set_end_allocate_to_pool_fn", "set_end_allocate_to_pool"), "strata_end_allocate_to_pool"),
+    (("set_release_pool", "set_release_pool_fn"), "strata_release_pool"),
+]
+
+_lock = threading.Lock()
+_allocators = {}      # "process" / "pool" -> torch.cuda.memory.CUDAPluggableAllocator
+_wired = {}            # setter name -> symbol, for the hooks handed to PyTorch
+_hooks_library = []    # libstrata_torch_hooks.so once loaded
+_enabled_conf = None   # the configuration enable() applied (None: not enabled process-wide)
+_applied_conf = None   # the last configuration applied by this module, by any function
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("strata_torch needs PyTorch for this (pip install torch); the statistics and "
+                          "configuration functions work without it") from e
+    return torch
+
+
+def validate(conf):
+    """Apply a configuration string to the plug-in now, before any stack exists.
+
+    ConfigError (a ValueError) naming the bad key or value. RuntimeError if the stacks were already built
+    (the configuration can no longer change). O(length of conf); no CUDA call.
+    """
+    global _applied_conf
+    lib = _library.load()
+    if lib.is_in_use():
+        if conf == _applied_conf:
+            return
+        raise RuntimeError(f"strata: the allocator is already in use with {_applied_conf or 'its first'} "
+                           f"configuration; {conf!r} must be given before the first CUDA allocation")
+    lib.configure(conf)
+    _applied_conf = conf
+
+
+def _apply(conf):
+    """conf, or STRATA_ALLOC_CONF when conf is None (checked now, so a bad one fails here, not at first use)."""
+    if conf is None:
+        lib = _library.load()
+        if not lib.is_in_use():
+            lib.check_env()
+        return
+    validate(conf)
+
+
+def _pluggable_allocator(process_wide):
+    """A CUDAPluggableAllocator over the plug-in (one of each kind per process).
+
+    Process-wide (change_current_allocator) PyTorch 2.11 does not check the allocation function's result, so
+    a null would become a tensor without memory: that allocator uses strata_malloc_or_throw, whose failure
+    reaches Python as an exception. Under a MemPool PyTorch's caching allocator checks for null itself and
+    raises torch.OutOfMemoryError, so that one uses strata_malloc. Every optional hook PyTorch offers is wired
+    on the process-wide one (the caching allocator never calls a pool allocator's hooks).
+    """
+    key = "process" if process_wide else "pool"
+    if key in _allocators:
+        return _allocators[key]
+    torch = _torch()
+    lib = _library.load()
+    alloc_fn = "strata_malloc_or_throw" if process_wide and lib.has("strata_malloc_or_throw") else "strata_malloc"
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, alloc_fn, "strata_free")
+    if process_wide:
+        raw = allocator.allocator()
+        for setters, symbol in _HOOKS:
+            setter = next((s for s in setters if hasattr(raw, s)), None)
+            if setter is not None and lib.has(symbol):
+                getattr(raw, setter)(lib.address(symbol))
+                _wired[setter] = symbol
+    _allocators[key] = allocator
+    return allocator
+
+
+def enable(conf=DEFAULT_CONF, require_hooks=None):
+    """Make strata the CUDA allocator of this whole process. Must run before the first CUDA allocation.
+
+    conf: a configuration string ("stack=default,limit=0.9,record=trace.csv.gz"); None takes STRATA_ALLOC_CONF.
+    Checked first: ConfigError (a ValueError) names the bad key or value. RuntimeError when CUDA was
+    already initialized here (PyTorch cannot swap an allocator that has served memory). Calling it again
+    with the same conf does nothing; with another, RuntimeError.
+    require_hooks: where PyTorch keeps the hook setters from Python and libstrata_torch_hooks.so is missing,
+    RuntimeError before anything changes (without the hooks, record_stream() and CUDA graphs would bypass
+    strata); False allows it, with a warning. None: STRATA_TORCH_REQUIRE_HOOKS=0 in the environment means False,
+    anything else True. Returns the CUDAPluggableAllocator.
+    """
+    global _enabled_conf
+    if require_hooks is None:
+        require_hooks = os.environ.get("STRATA_TORCH_REQUIRE_HOOKS", "1") != "0"
+    torch = _torch()
+    with _lock:
+        if _enabled_conf is not None:
+            if conf == _enabled_conf:
+                return _allocators["process"]
+            raise RuntimeError(f"strata_torch.enable: already enabled with {_enabled_conf!r}; the allocator of a "
+                               f"process is chosen once, so {conf!r} cannot replace it")
+        if torch.cuda.is_initialized():
+            raise RuntimeError(_too_late("CUDA is already initialized in this process"))
+        _apply(conf)
+        allocator = _pluggable_allocator(process_wide=True)
+        wire = None if _wired else _hooks_library_wire(require_hooks)
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            if "already initialized" in str(e):
+                raise RuntimeError(_too_late(f"PyTorch refused: {e}")) from e
+            raise
+        _enabled_conf = conf
+        if wire is not None:
+            if wire() != 0:
+                raise RuntimeError(f"strata_torch: {_library.HOOKS_LIBRARY_NAME} could not set the allocator "
+                                   f"hooks: {_library.load().last_error()}")
+            for setters, symbol in _HOOKS:
+                _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
+        return allocator
+
+
+def _hooks_library_wire(required):
+    """PyTorch 2.11's Python objects may not offer the set_*_fn hooks; then a small C++ library built against
+    PyTorch's headers sets them on the current allocator: returns its strata_torch_wire_hooks, loaded now (so
+    a missing or broken library fails before the allocator is swapped), to be called after the swap."""
+    lib = _library.load()
+    path = _library.hooks_library_path(lib.path)
+    problem = None
+    if path is None:
+        problem = f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
+    else:
+        try:
+            hooks_lib = ctypes.CDLL(path)
+            wire = hooks_lib.strata_torch_wire_hooks
+        except (OSError, AttributeError) as e:
+            problem = f"{path} does not load: {e}"
+    if problem is not None:
+        message = (f"strata_torch: this PyTorch does not let Python set the allocator's hooks, and {problem}. "
+                   "Build it where PyTorch is installed (CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see "
+                   "docs/pytorch.md). Without it empty_cache(), record_stream() and CUDA graphs bypass strata")
+        if required:
+            raise RuntimeError(message + "; enable(conf, require_hooks=False) or STRATA_TORCH_REQUIRE_HOOKS=0 "
+                               "accepts that")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return None
+    wire.restype, wire.argtypes = ctypes.c_int, []
+    _hooks_library.append(hooks_lib)   # kept loaded: PyTorch will hold pointers into it
+    return wire
+
+
+def _too_late(why):
+    return (f"strata_torch.enable() must run before the first CUDA allocation (before any tensor on the GPU, "
+            f"torch.cuda.init() or a CUDA call through torch): {why}. Call it at the top of the program, or set "
+            f"STRATA_ALLOC_CONF and call it before anything else touches CUDA; for scoped use in a running "
+            f"process use strata_torch.MemPool() with torch.cuda.use_mem_pool")
+
+
+def is_enabled():
+    """True once enable() made strata this process's allocator."""
+    return _enabled_conf is not None
+
+
+def hooks():
+    """{PyTorch setter: plug-in symbol} for every optional hook handed to PyTorch (empty before use)."""
+    return dict(_wired)
+
+
+def MemPool(conf=None, use_on_oom=False):
+    """A torch.cuda.MemPool whose segments come from strata: ``with torch.cuda.use_mem_pool(pool): ...``.
+
+    PyTorch's caching allocator stays in charge of the blocks inside the pool and asks strata for the
+    memory under them; works in a process where CUDA is already initialized. conf as for enable(), but it
+    can only be set before strata serves its first allocation (None: keep the current configuration).
+    """
+    torch = _torch()
+    with _lock:
+        if conf is not None:
+            validate(conf)
+        else:
+            _apply(None)
+        allocator = _pluggable_allocator(process_wide=False)
+    return torch.cuda.MemPool(allocator.allocator(), use_on_oom=use_on_oom)
+
+
+def _device_index(device):
+    if device is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return 0
+    if isinstance(device, bool):
+        raise TypeError(f"device must be an int, 'cuda:N' or a torch.device, not {device!r}")
+    if isinstance(device, int):
+        index = device
+    elif isinstance(device, str):
+        text = device[len("cuda:"):] if device.startswith("cuda:") else device
+        if device == "cuda":
+            return _device_index(None)
+        if not text.isdigit():
+            raise ValueError(f"device {device!r}: expected an index, 'cuda' or 'cuda:N'")
+        index = int(text)
+    elif hasattr(device, "type") and hasattr(device, "index"):   # torch.device, without importing torch
+        if device.type != "cuda":
+            raise ValueError(f"device {device}: strata serves CUDA devices only")
+        return _device_index(None) if device.index is None else device.index
+    else:
+        raise TypeError(f"device must be an int, 'cuda:N' or a torch.device, not {device!r}")
+    if index < 0:
+        raise ValueError(f"device index must be >= 0, not {index}")
+    return index
+
+
+def memory_stats(device=None):
+    """strata's statistics for one device, flat and sorted like torch.cuda.memory_stats(), with PyTorch's key
+    names where the meaning is the same ("reserved_bytes.all.current", "allocated_bytes.all.peak", "num_ooms"
+    ...) and strata's own under "strata.*". One C call that takes the plug-in's lock; no CUDA call."""
+    return _stats.flatten(_library.load().memory_stats(_device_index(device)))
+
+
+def memory_summary(device=None):
+    """A readable table of memory_stats(device)."""
+    index = _device_index(device)
+    return _stats.summary(memory_stats(index), index)
+
+
+def peak_ratio(device=None):
+    """Peak reserved / peak allocated for the device (None before anything was allocated)."""
+    return _stats.peak_ratio(memory_stats(device))
+
+
+def reset_peak_memory_stats(device=None):
+    """Peaks start again from the current values (like torch.cuda.reset_peak_memory_stats())."""
+    _library.load().reset_peak_stats(_device_index(device))
+
+
+def snapshot(device=None):
+    """Every chunk and block of the device's stack, as a dict (strata's to_json format)."""
+    return _library.load().snapshot(_device_index(device))
+
+
+def empty_cache():
+    """Hand wholly free memory back to CUDA.
+
+    Through torch.cuda.empty_cache() when torch is in use: under enable() that reaches strata through the
+    reset hook; under a MemPool it first returns PyTorch's cached pool segments to strata, and strata then
+    releases them here. Without torch, strata's release directly.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        if "set_reset_fn" in _wired and is_enabled():
+            return
+    _library.load().reset()
+
+
+def record(path, conf=None):
+    """Record every allocation and free to a trace file (replayable with strata's tools).
+
+    Recording is part of the configuration, fixed when strata serves its first allocation: so this must be
+    called before that, like enable(); it applies ``conf + ",record=" + path`` (conf defaults to the one last
+    applied, else stack=default). Afterwards pass ``record=PATH`` in enable()'s conf or STRATA_ALLOC_CONF.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"record: a file path is needed, not {path!r}")
+    if _library.load().is_in_use():
+        raise RuntimeError("strata: record() must be called before the first CUDA allocation served by strata; "
+                           f"start the process with STRATA_ALLOC_CONF='stack=default,record={path}' or pass "
+                           f"record={path} in enable()'s conf")
+    base = conf or _applied_conf or DEFAULT_CONF
+    parts = [p for p in base.split(",") if p and not p.startswith("record=")]
+    validate(",".join(parts + [f"record={os.fspath(path)}"]))
+
+
+def flush_record():
+    """Write the recorder's buffered trace to its file now (it is also flushed at exit)."""
+    _library.load().record_flush()

@@ -1,0 +1,168 @@
+"""One seeded training run under one allocator; prints one JSON line (the last line of its output).
+
+    python3 train.py --model gpt2 --alloc strata --mode correctness --steps 30
+
+--alloc native | expandable | strata. `expandable` is native with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
+which must be in the environment before torch starts: the driver sets it (this script checks it is there).
+--mode correctness: deterministic algorithms, a side stream feeding the batches (record_stream), empty_cache()
+half-way, then a CUDA-graph-captured evaluation step compared with the same step run eagerly.
+--mode perf: no determinism switches; the peaks of the whole run, and steps/s over windows of --window steps
+after --warmup steps (the host synchronizes only at window edges).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--alloc", choices=("native", "expandable", "strata"), required=True)
+    p.add_argument("--mode", choices=("correctness", "perf"), default="correctness")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--window", type=int, default=8)
+    p.add_argument("--conf", default=os.environ.get("STRATA_TEST_CONF", "stack=default"))
+    return p.parse_args()
+
+
+def main():
+    args = parse()
+    if args.mode == "correctness":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # before cuBLAS starts
+    if args.alloc == "expandable" and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        sys.exit("--alloc expandable needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment")
+    if args.alloc == "strata":
+        import strata_torch
+        strata_torch.enable(args.conf)   # the one line; before anything touches CUDA
+    import torch
+    sys.path.insert(0, HERE)
+    import models
+
+    if args.mode == "correctness":
+        # warn_only: an op without a deterministic kernel still runs (and the losses then may differ in the
+        # last bits, which the comparison reports), instead of failing the run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(1234)
+    device = torch.device("cuda", 0)
+    model, make_batch, loss_fn = models.build(args.model)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(99)
+    side = torch.cuda.Stream()
+    main_stream = torch.cuda.current_stream()
+
+    def fetch(step):
+        """Copy a batch on the side stream; the main stream waits for it and record_stream keeps the
+        side-stream allocation alive until the main stream's work with it is done."""
+        x, y = (t.pin_memory() for t in make_batch(gen, step))
+        with torch.cuda.stream(side):
+            xd, yd = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        main_stream.wait_stream(side)
+        xd.record_stream(main_stream)
+        yd.record_stream(main_stream)
+        return xd, yd
+
+    result = {"model": args.model, "alloc": args.alloc, "mode": args.mode, "steps": args.steps}
+    if args.alloc == "strata":
+        result["conf"] = args.conf
+        result["hooks"] = strata_torch.hooks()
+    losses, times = [], []
+    batch = fetch(0)
+    for step in range(args.steps):
+        x, y = batch
+        if step + 1 < args.steps:
+            batch = fetch(step + 1)   # the next batch's copy overlaps this step
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach().float())
+        del x, y, loss
+        if args.mode == "correctness" and step == args.steps // 2:
+            before = reserved(torch, args.alloc)
+            torch.cuda.empty_cache()
+            result["empty_cache_reserved"] = [before, reserved(torch, args.alloc)]
+        if args.mode == "perf" and step + 1 >= args.warmup and (step + 1 - args.warmup) % args.window == 0:
+            torch.cuda.synchronize()   # only at window edges: in between, the host runs ahead as in training
+            times.append(time.perf_counter())
+    torch.cuda.synchronize()
+    result["losses"] = [float(v) for v in torch.stack(losses).cpu()]
+    result["losses_hex"] = [v.hex() for v in result["losses"]]
+    if args.mode == "correctness":
+        result["graph"] = graph_step(torch, model, make_batch, loss_fn, device)
+    if args.mode == "perf":
+        result["steps_per_s"] = [args.window / (b - a) for a, b in zip(times, times[1:])]
+        result["steps_per_s_median"] = statistics.median(result["steps_per_s"])
+    result.update(peaks(torch, args.alloc))
+    if args.alloc == "strata":
+        result["strata_stats"] = {k: v for k, v in strata_torch.memory_stats().items()
+                                  if not isinstance(v, (dict, list))}
+        print(strata_torch.memory_summary(), file=sys.stderr)
+    print(json.dumps(result))
+
+
+def reserved(torch, alloc):
+    if alloc == "strata":
+        import strata_torch
+        return strata_torch.memory_stats()["reserved_bytes.all.current"]
+    return torch.cuda.memory_reserved()
+
+
+def peaks(torch, alloc):
+    if alloc == "strata":
+        import strata_torch
+        s = strata_torch.memory_stats()
+    else:
+        s = torch.cuda.memory_stats()
+    return {"peak_reserved": s["reserved_bytes.all.peak"], "peak_allocated": s["allocated_bytes.all.peak"],
+            "ratio": s["reserved_bytes.all.peak"] / max(1, s["allocated_bytes.all.peak"])}
+
+
+def graph_step(torch, model, make_batch, loss_fn, device):
+    """Capture one evaluation step in a CUDA graph (its memory comes through the allocator's graph-pool hooks
+    under strata), replay it on new batches, and compare with the same step run eagerly."""
+    gen = torch.Generator().manual_seed(7)
+    model.eval()
+    x0, y0 = (t.to(device) for t in make_batch(gen, 0))
+    static_x, static_y = x0.clone(), y0.clone()
+    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)  # noqa: E731
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm), torch.no_grad(), autocast():
+        for _ in range(3):
+            loss_fn(model(static_x), static_y)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), autocast():
+        with torch.cuda.graph(graph):
+            static_loss = loss_fn(model(static_x), static_y)
+    out = []
+    for _ in range(3):
+        x, y = (t.to(device) for t in make_batch(gen, 0))
+        if x.shape != static_x.shape:   # a variable-length model: keep the captured shape
+            continue
+        static_x.copy_(x)
+        static_y.copy_(y)
+        graph.replay()
+        with torch.no_grad(), autocast():
+            eager = loss_fn(model(x), y)
+        out.append([float(static_loss), float(eager)])
+    del graph, static_loss
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()   # the graph's pool was released: its memory goes back
+    model.train()
+    return out
+
+
+if __name__ == "__main__":
+    main()
