@@ -79,6 +79,7 @@ TEST_CASE("graph pools: a captured step reuses its own frees, replays allocate n
   const auto calls_before = r.world.calls();
 
   const std::uint64_t capture = r.world.begin_capture(s);
+  r.layer.share(s);  // e.g. PyTorch's record_stream during capture: no id asked of the capturing stream
   void* a = r.layer.allocate_async(1 << 16, 256, s);  // the step's temporary
   void* out = r.layer.allocate_async(4096, 256, s);   // the step's output, freed after capture
   r.world.launch(s);

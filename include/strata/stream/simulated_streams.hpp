@@ -367,7 +367,12 @@ public:
 
   explicit simulated_events(simulated_streams& world) noexcept : world_(&world) {}
 
-  std::uint64_t id_of(cuda::stream_ref stream) const { return world_->id_of(stream); }
+  /// As the driver: asking a capturing stream for its id is illegal (and would invalidate the capture).
+  std::uint64_t id_of(cuda::stream_ref stream) const
+  {
+    if (world_->capturing(stream)) throw simulated_streams::illegal_call("simulated_streams: the id of a capturing stream was asked");
+    return world_->id_of(stream);
+  }
   event make_event() { return world_->make_event(); }
   void destroy_event(event e) const noexcept { world_->destroy_event(e); }
   void record(event e, cuda::stream_ref stream) { world_->record(e, stream); }

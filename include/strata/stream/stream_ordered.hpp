@@ -202,8 +202,13 @@ public:
   /// Tells the layer that `stream` will share it: from now on the owner's frees carry events, so that this
   /// stream waits for them on the GPU. (A stream first seen later makes its first request wait for the device
   /// once instead: the owner's earlier frees have no event, and its handle is never touched from another
-  /// stream's call.) A driver call; no memory.
-  void share(cuda::stream_ref stream) { (void)state_of(backend_.id_of(stream), stream); }
+  /// stream's call.) A driver call; no memory. Nothing on a capturing stream (asking its id would invalidate
+  /// the capture; what it allocates is its graph's private pool's, which nobody else gets anyway).
+  void share(cuda::stream_ref stream)
+  {
+    if (opts_.check_capture && captures(stream)) return;
+    (void)state_of(backend_.id_of(stream), stream);
+  }
 
   /// The same, with the stream's id known: no backend call on a hit.
   void* allocate_async(std::size_t bytes, std::size_t alignment, const identified_stream& stream)
