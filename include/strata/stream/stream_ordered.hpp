@@ -66,8 +66,8 @@ namespace strata {
 /// waits); the first other stream needing the owner's earlier frees (one device wait). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
 /// are abandoned, counted in stats().abandoned_blocks).
 ///
-/// Events are created on the current device, so a stream of another device must be used with its device
-/// current (as CUDA requires for cudaEventRecord). Device-wide waits cover the policy's device (found through
+/// Events are made on the device of the stream they are recorded on (cuda_events::make_event_on), whichever
+/// device is current, so a block may be freed on its stream while another device is current. Device-wide waits cover the policy's device (found through
 /// `device()` on the policy or what it is built on, `detail::resource_device`) and the devices of every stream
 /// that used the layer, never merely the current device (the current device only when none of those is known).
 /// A policy that waits for the device itself (mapped_pool, when it reclaims idle memory after growing) does
@@ -439,6 +439,12 @@ private:
   struct pending_event {
     event e;
     std::uint64_t covers_below;  ///< frees numbered below this happened before the event was recorded
+    int device = 0;              ///< the event's device: its stream's (cudaEventRecord requires it)
+  };
+
+  struct spare {
+    event e;
+    int device;
   };
 
   struct set_aside {
@@ -450,6 +456,7 @@ private:
   /// an age list (oldest first, the order events cover them in), and its recorded events, oldest first.
   struct stream_state {
     std::uint64_t id = 0;
+    int device = 0;  ///< whose work the stream runs: its events are made there
     cuda::stream_ref handle{cudaStreamLegacy};  ///< as last seen (the owner's events are recorded on it)
     std::uint64_t ordered_after = 0;  ///< this stream waits for the owner's policy frees numbered up to this
     std::uint64_t recent_frees = 0;   ///< since ownership was last weighed
@@ -1003,6 +1010,7 @@ private:
         if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) devices_.push_back(device);
         auto fresh = std::make_unique<stream_state>();
         fresh->id = id;
+        fresh->device = device;
         it = streams_.emplace(id, std::move(fresh)).first;
         shared_ = shared_ || streams_.size() > 1;  // from now on the owner's frees carry events
       }
@@ -1031,25 +1039,33 @@ private:
     nodes_.recycle(n);
   }
 
-  event spare_event()
+  /// A spare event of `device` (the newest such), or a new one made there: an event must belong to the device
+  /// of the stream it is recorded on, whichever device is current (a per-device stack frees a block of its
+  /// device while another is current). Backends without make_event_on make it on the current device.
+  event spare_event(int device)
   {
-    if (spare_events_.empty()) return backend_.make_event();
-    const event e = spare_events_.back();
-    spare_events_.pop_back();
-    return e;
+    for (std::size_t i = spare_events_.size(); i-- > 0;)
+      if (spare_events_[i].device == device) {
+        const event e = spare_events_[i].e;
+        spare_events_[i] = spare_events_.back();
+        spare_events_.pop_back();
+        return e;
+      }
+    if constexpr (requires { backend_.make_event_on(device); }) return backend_.make_event_on(device);
+    else return backend_.make_event();
   }
 
-  /// Records an event on `stream` into `events`, covering what is numbered below `covers_below`.
-  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below)
+  /// Records an event on `stream` (of `device`) into `events`, covering what is numbered below `covers_below`.
+  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below, int device)
   {
     // Every event made is spare or pending: with room for all of them, retiring one never allocates.
     spare_events_.reserve(spare_events_.size() + events_pending_ + 1);
-    const event e = spare_event();
+    const event e = spare_event(device);
     try {
       backend_.record(e, stream);
-      events.push_back({e, covers_below});
+      events.push_back({e, covers_below, device});
     } catch (...) {
-      spare_events_.push_back(e);
+      spare_events_.push_back({e, device});
       throw;
     }
     ++events_pending_;
@@ -1058,7 +1074,7 @@ private:
 
   void retire_front(std::deque<pending_event>& events) noexcept
   {
-    spare_events_.push_back(events.front().e);  // capacity reserved in record_into
+    spare_events_.push_back({events.front().e, events.front().device});  // capacity reserved in record_into
     events.pop_front();
     --events_pending_;
   }
@@ -1069,7 +1085,7 @@ private:
     if (s.uncovered_blocks == 0) return;
     reap(s);
     if (opts_.check_capture && captures(stream)) refuse_capture("an event was needed");
-    record_into(s.events, stream, s.next_seq);
+    record_into(s.events, stream, s.next_seq, s.device);
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
     s.uncovered_bytes = 0;
@@ -1180,7 +1196,7 @@ private:
   void cover_owner(cuda::stream_ref stream) noexcept
   {
     try {
-      record_into(owner_events_, stream, policy_seq_);
+      record_into(owner_events_, stream, policy_seq_, owner_->device);
     } catch (...) {
     }
   }
@@ -1366,7 +1382,7 @@ private:
     for (auto& [id, s] : streams_)
       for (const pending_event& pe : s->events) backend_.destroy_event(pe.e);
     for (const pending_event& pe : owner_events_) backend_.destroy_event(pe.e);
-    for (event e : spare_events_) backend_.destroy_event(e);
+    for (const spare& sp : spare_events_) backend_.destroy_event(sp.e);
     for (auto& [id, s] : streams_) {
       while (s->oldest != nullptr) {
         node* n = s->oldest;
@@ -1441,7 +1457,7 @@ private:
   std::size_t deferred_bytes_ = 0;
   std::vector<int> devices_;
   detail::object_pool<node> nodes_;
-  std::vector<event> spare_events_;
+  std::vector<spare> spare_events_;
   std::size_t events_pending_ = 0;
   std::size_t cached_bytes_ = 0;
   std::size_t cached_blocks_ = 0;
