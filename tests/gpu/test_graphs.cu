@@ -181,11 +181,12 @@ void capture_and_replay(Layer& layer, const char* name)
   CHECK(layer.usage().in_use == in_use_before);
   CHECK(layer.stats().pools_released == 1);
   // The blocks are the common pool's again: the uncaptured step runs right.
+  strata::testing::fill(in, bytes, 1, s);
   step(layer, in, out, s);
   *bad = 0;
   check_step_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(out), words, 1, bad);
-  strata::testing::fill(in, bytes, 1, s);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(*bad == 0);
   layer.deallocate_async(in, bytes, 256, s);
   layer.deallocate_async(out, bytes, 256, s);
   layer.release();
