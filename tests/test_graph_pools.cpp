@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include <strata/adaptor/checked.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/simulated_source.hpp>
@@ -577,4 +578,25 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
   CHECK(r.in_use() == 0);
   CHECK(r.policy_in_use() == 0);
   CHECK(r.world.live_graphs() == 0);
+}
+
+TEST_CASE("checked over stream_ordered under capture: no id asked of the capturing stream, no false report")
+{
+  simulated_streams world;
+  using so = stream_ordered<coalescing_pool<simulated_source>, simulated_events>;
+  checked<so> r{so{coalescing_pool<simulated_source>{simulated_source(64 << 20)}, {}, simulated_events(world)}};
+  const cuda::stream_ref s = world.create();
+  void* before = r.allocate_async(4096, 256, s);  // s known to the layer before its capture
+  world.begin_capture(s);
+  void* inside = r.allocate_async(4096, 256, s);  // the world throws if anyone asks s's id now
+  r.deallocate_async(inside, 4096, 256, s);
+  void* again = r.allocate_async(4096, 256, s);
+  CHECK(again == inside);
+  void* graph = world.end_capture(s);
+  r.deallocate_async(again, 4096, 256, s);    // after capture, on the same stream: the same id, no report
+  r.deallocate_async(before, 4096, 256, s);
+  CHECK_THROWS_AS(r.deallocate_async(before, 4096, 256, s), usage_error);  // still a checker: a double free
+  world.destroy_graph(graph);
+  r.upstream().release();
+  CHECK(r.upstream().private_pools() == 0);
 }

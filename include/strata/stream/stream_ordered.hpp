@@ -402,8 +402,19 @@ public:
   {
     return owner_ != nullptr ? std::optional<std::uint64_t>(owner_->id) : std::nullopt;
   }
-  /// The id this layer files a stream under (what checked<> compares).
-  std::uint64_t stream_id(cuda::stream_ref stream) const { return backend_.id_of(stream); }
+  /// The id this layer files a stream under (what checked<> compares). A capturing stream cannot be asked
+  /// (that would invalidate its capture): it is the id last seen with its handle, else one made from the
+  /// capture's id (top bit set, so it is no stream's id).
+  std::uint64_t stream_id(cuda::stream_ref stream) const
+  {
+    if (opts_.check_capture && backend_.capturing(stream)) {
+      for (const auto& [id, st] : streams_)
+        if (st->handle.get() == stream.get()) return id;
+      if constexpr (graph_backend<Backend>) return (std::uint64_t{1} << 63) | backend_.capture_of(stream).id;
+      else return std::uint64_t{1} << 63;
+    }
+    return backend_.id_of(stream);
+  }
   const counters& stats() const noexcept { return counters_; }
 
   Policy& policy() noexcept { return policy_; }
