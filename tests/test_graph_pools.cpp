@@ -565,7 +565,7 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
   CHECK(replays > 100);
   CHECK(r.layer.stats().pool_hits > 100);
   CHECK(r.layer.stats().pool_adoptions > 10);
-  CHECK(refusals < served / 10);
+  CHECK(refusals < served / 100);  // a host wait forbidden by a capture lets the policy grow instead
 
   for (auto& [si, id] : active) graphs[id].handle = r.world.end_capture(streams[si]);
   for (auto& [id, g] : graphs) {

@@ -1252,7 +1252,12 @@ private:
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
       cover(s, stream);
       reap_all(s);
-      if (!deferred_.empty() && !policy_has_room(sh)) wait_for_pending_frees(/*policy_too=*/false);
+      if (!deferred_.empty() && !policy_has_room(sh)) {
+        try {
+          wait_for_pending_frees(/*policy_too=*/false);
+        } catch (const usage_error&) {  // a capture forbids host waits now: let the policy grow instead
+        }
+      }
     }
     try {
       return grow_policy(sh);
