@@ -337,6 +337,25 @@ TEST_CASE("graph pools: failures under capture change nothing and leave the laye
     r.layer.release();
     CHECK(r.policy_in_use() == 0);
   }
+  SUBCASE("every capture mode: growth allowed, the thread's own mode restored, even a relaxed one")
+  {
+    for (const int capture_mode : {0, 1, 2})
+      for (const int thread_mode : {0, 1, 2}) {
+        CAPTURE(capture_mode);
+        CAPTURE(thread_mode);
+        rig r;
+        const cuda::stream_ref s = r.world.create();
+        r.world.exchange_capture_mode(thread_mode);
+        r.world.begin_capture(s, capture_mode);
+        void* p = r.layer.allocate_async(2 << 20, 256, s);  // a new chunk each time: a fresh rig
+        CHECK(r.world.exchange_capture_mode(thread_mode) == thread_mode);
+        r.layer.deallocate_async(p, 2 << 20, 256, s);
+        r.world.destroy_graph(r.world.end_capture(s));
+        r.world.exchange_capture_mode(0);
+        r.layer.release();
+        CHECK(r.policy_in_use() == 0);
+      }
+  }
   SUBCASE("out of memory under capture")
   {
     rig r(4 << 20);
