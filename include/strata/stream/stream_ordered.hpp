@@ -52,8 +52,8 @@ namespace strata {
 /// out_of_memory.
 ///
 /// Synchronous calls. `deallocate` (no stream) is safe for any prior work on any stream, as cudaFree is: the
-/// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of every
-/// device whose streams used this layer, and the current one), made once `sync_frees_per_wait` blocks or
+/// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of the
+/// policy's device and of every device whose streams used this layer), made once `sync_frees_per_wait` blocks or
 /// `bytes_per_event` bytes are set aside, or when the policy would otherwise grow. `allocate` (no stream) runs
 /// on the legacy default stream and returns a block ready for the host and every stream: it host-waits for the
 /// block's last use when that may still be running.
@@ -63,8 +63,11 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits); the first other stream needing the owner's earlier frees (one device wait). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
-/// are abandoned, counted in stats().abandoned_blocks).
+/// waits); the first other stream needing the owner's earlier frees (one device wait); begin_allocate_to_pool
+/// with frees pending, and a released private pool filling the set-aside batch (device waits). A failed wait
+/// never returns blocks to the policy: they stay where they were (or, at destruction, are abandoned, counted
+/// in stats().abandoned_blocks). While a capture forbids host waits, a miss grows the policy instead of
+/// waiting for set-aside frees.
 ///
 /// Events are made on the device of the stream they are recorded on (cuda_events::make_event_on), whichever
 /// device is current, so a block may be freed on its stream while another device is current. Device-wide waits cover the policy's device (found through
@@ -94,11 +97,12 @@ namespace strata {
 /// with the thread's capture mode relaxed around the call (so a source's cudaMalloc or cuMemCreate is legal,
 /// as PyTorch does; so is any stream's policy growth while the layer knows of a capture, since in global mode
 /// any thread's cudaMalloc invalidates every capture; a capture the layer has not seen yet, no call having
-/// been made on its stream, is not protected). A policy that must wait for the device or free memory to grow
-/// (mapped_pool reclaiming idle memory, coalescing_pool handing free chunks back: cudaFree synchronizes)
-/// cannot do so under capture in any mode: that allocation throws usage_error with the policy unchanged (the
-/// failed CUDA call may still have invalidated the capture); warm the pool before capturing. Pool blocks
-/// count as in use until released. A released pool's free blocks, and its live blocks
+/// been made on its stream, is not protected). What synchronizes cannot be done under capture in any mode:
+/// a policy whose growth frees memory (coalescing_pool handing free chunks back: cudaFree) or waits for the
+/// device fails, and a pool allocation then throws usage_error with the policy unchanged (the failed call may
+/// still have invalidated the capture); mapped_pool skips its reclaim when its device wait fails, keeping the
+/// allocation, but that failed call may invalidate the capture too. Warm the pool before capturing (run the
+/// step once uncaptured). Pool blocks count as in use until released. A released pool's free blocks, and its live blocks
 /// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
 /// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
 /// wait is legal then): launch a graph after the work that preceded its capture, or ordered after it (as
@@ -121,7 +125,8 @@ namespace strata {
 /// and a miss costs the policy's allocate, an event query per pending event and at most one event record and
 /// cudaStreamWaitEvent per batch of the owner's frees. While private pools exist, a hash lookup per free; a
 /// pool allocate or free is O(log b) in the pool's bins, plus the capture query (and, for a capture's first
-/// allocation, a CUDA user object); each explicit route costs one filter call per allocate. Unsynchronized.
+/// allocation, a CUDA user object); each explicit route costs one filter call per allocate; while a capture
+/// is known, two cudaThreadExchangeStreamCaptureMode around each policy allocate. Unsynchronized.
 /// Move-only.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
