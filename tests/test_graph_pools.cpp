@@ -619,3 +619,42 @@ TEST_CASE("checked over stream_ordered under capture: no id asked of the capturi
   r.upstream().release();
   CHECK(r.upstream().private_pools() == 0);
 }
+
+namespace {
+/// An event backend that cannot query captures (no capture_of, no user objects): not a graph_backend.
+struct plain_backend {
+  using event = std::size_t;
+  simulated_streams* w;
+  std::uint64_t id_of(cuda::stream_ref s) const { return w->id_of(s); }
+  event make_event() { return w->make_event(); }
+  void destroy_event(event e) const noexcept { w->destroy_event(e); }
+  void record(event e, cuda::stream_ref s) { w->record(e, s); }
+  bool done(event e) { return w->done(e); }
+  void wait_host(event e) { w->wait_host(e); }
+  void order_after(cuda::stream_ref s, event e) { w->order_after(s, e); }
+  void wait_stream(cuda::stream_ref s) { w->wait_stream(s); }
+  void wait_device(int d) { w->wait_device(d); }
+  int device_of(cuda::stream_ref s) const { return w->device_of(s); }
+  bool capturing(cuda::stream_ref s) const { return w->capturing(s); }
+};
+static_assert(event_backend<plain_backend> && !graph_backend<plain_backend>);
+template <class L>
+concept routes_to_pools = requires(L& l) { l.begin_allocate_to_pool(std::uint64_t{1}); };
+static_assert(graph_backend<simulated_events>);
+} // namespace
+
+TEST_CASE("graph pools need a graph_backend: without one, capture is refused as before and nothing is faked")
+{
+  simulated_streams world;
+  stream_ordered<coalescing_pool<simulated_source>, plain_backend> layer{coalescing_pool<simulated_source>{simulated_source(64 << 20)}, {},
+                                                                          plain_backend{&world}};
+  const cuda::stream_ref s = world.create();
+  layer.deallocate_async(layer.allocate_async(1000, 256, s), 1000, 256, s);
+  world.begin_capture(s);
+  CHECK_THROWS_WITH_AS(layer.allocate_async(1000, 256, s), doctest::Contains("no private pool can serve it"), usage_error);
+  world.end_capture(s);
+  layer.release_pool(3);  // nothing to release: harmless
+  CHECK(layer.private_pools() == 0);
+  static_assert(!routes_to_pools<decltype(layer)>);
+  static_assert(routes_to_pools<layer_t>);
+}
