@@ -467,6 +467,27 @@ TEST_CASE("stream_ordered: the device-wide wait covers every device whose stream
   CHECK(r.world.completed(r.world.id_of(on_one)) == r.world.enqueued(r.world.id_of(on_one)));
 }
 
+TEST_CASE("stream_ordered: events are made on their stream's device, whichever device is current (issue 17 item 1)")
+{
+  // The world refuses an event of one device recorded on another device's stream, as cudaEventRecord does.
+  rig<> r(64 << 20, {.frees_per_event = 1});
+  const cuda::stream_ref on_zero = r.world.create(0), on_one = r.world.create(1), on_two = r.world.create(2);
+  make_owner(r, on_zero);
+  for (int round = 0; round < 20; ++round)
+    for (auto s : {on_one, on_two, on_zero}) {
+      void* p = r.allocate(4096 + 256 * static_cast<std::size_t>(round % 3), s);
+      r.world.launch(s);
+      r.free(p, 4096 + 256 * static_cast<std::size_t>(round % 3), s);
+    }
+  r.world.set_current_device(1);
+  for (auto s : {on_two, on_zero}) r.free(r.allocate(8192, s), 8192, s);
+  CHECK(r.layer.stats().events > 20);
+  CHECK(r.world.calls().records == r.layer.stats().events);  // every record on all three devices' streams held
+  r.world.finish_all();
+  r.layer.release();
+  CHECK(r.layer.cached_blocks() == 0);
+}
+
 TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue 14 item 4)")
 {
   simulated_streams world;

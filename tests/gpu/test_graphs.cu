@@ -118,10 +118,13 @@ void capture_and_replay(Layer& layer, const char* name)
   cudaStream_t s = make_stream(), other = make_stream();
   void* in = layer.allocate_async(bytes, 256, s);
   void* out = layer.allocate_async(bytes, 256, s);
-  // Both streams known to the layer and warm before capture: the capture then needs no host wait.
-  layer.deallocate_async(layer.allocate_async(bytes, 256, other), bytes, 256, other);
   strata::testing::fill(in, bytes, 1, s);
-  step(layer, in, out, s);  // once uncaptured: the result is right
+  // Once uncaptured, first: the result is right, and s, the first stream to free, owns the policy, so the
+  // step's blocks are back in the policy (mapped, for default_pool): the capture takes them without growing
+  // (a pool that must wait for the device to grow cannot do so under capture). Then the other stream, so
+  // both are known to the layer before capture and the capture needs no host wait.
+  step(layer, in, out, s);
+  layer.deallocate_async(layer.allocate_async(bytes, 256, other), bytes, 256, other);
   unsigned long long* bad = make_counter();
   check_step_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(out), words, 1, bad);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
@@ -181,11 +184,12 @@ void capture_and_replay(Layer& layer, const char* name)
   CHECK(layer.usage().in_use == in_use_before);
   CHECK(layer.stats().pools_released == 1);
   // The blocks are the common pool's again: the uncaptured step runs right.
+  strata::testing::fill(in, bytes, 1, s);
   step(layer, in, out, s);
   *bad = 0;
   check_step_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(out), words, 1, bad);
-  strata::testing::fill(in, bytes, 1, s);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(*bad == 0);
   layer.deallocate_async(in, bytes, 256, s);
   layer.deallocate_async(out, bytes, 256, s);
   layer.release();

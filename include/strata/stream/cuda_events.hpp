@@ -10,7 +10,8 @@
 
 namespace strata {
 
-/// A backend tells streams apart by a stable id and records, queries and waits on events.
+/// A backend tells streams apart by a stable id and records, queries and waits on events. It may also offer
+/// `make_event_on(device)` (an event of that device, not of the current one), detected with `requires`.
 /// `id_of` must give a stream an id no other stream ever had (handles are reused after cudaStreamDestroy; ids
 /// are not). `done` never blocks; `wait_host` blocks the calling thread; `order_after(s, e)` makes later work
 /// on s wait for e without blocking the host.
@@ -77,6 +78,13 @@ struct cuda_events {
     cudaEvent_t e = nullptr;
     detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     return e;
+  }
+  /// An event of `device` (events belong to a device; cudaEventRecord wants the stream's), the calling
+  /// thread's current device restored afterwards.
+  event make_event_on(int device) const
+  {
+    detail::scoped_device on(device);
+    return make_event();
   }
   void destroy_event(event e) const noexcept { detail::cuda_check_noexcept(cudaEventDestroy(e)); }
   void record(event e, cuda::stream_ref stream) const

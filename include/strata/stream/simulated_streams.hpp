@@ -28,6 +28,7 @@ public:
     std::uint64_t stream = 0;
     std::uint64_t ticket = 0;  ///< the stream's enqueued count when recorded: done once completed reaches it
     bool recorded = false;
+    int device = 0;  ///< made on this device: the current one (make_event) or the one named (make_event_on)
   };
 
   /// What the backend was asked to do, so tests can see that work is batched and that the host never waited.
@@ -208,6 +209,8 @@ public:
                            std::to_string(s.capture_mode) + ", thread mode " + std::to_string(thread_mode_) + ")");
   }
   int device_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).device; }
+  /// The calling thread's current device (cudaSetDevice): where make_event() makes events.
+  void set_current_device(int device) noexcept { current_device_ = device; }
   /// Device-wide waits per device, in the order asked.
   const std::vector<int>& device_waits() const noexcept { return device_waits_; }
 
@@ -231,18 +234,31 @@ public:
       const std::size_t e = free_events_.back();
       free_events_.pop_back();
       events_[e] = {};
+      events_[e].device = current_device_;
       return e;
     }
     events_.push_back({});
+    events_.back().device = current_device_;
     return events_.size() - 1;
   }
+  std::size_t make_event_on(int device)
+  {
+    const std::size_t e = make_event();
+    events_[e].device = device;
+    return e;
+  }
   void destroy_event(std::size_t e) noexcept { free_events_.push_back(e); }
+  /// As cudaEventRecord: never on a capturing stream, and an event of one device never on another's stream.
   void record(std::size_t e, cuda::stream_ref stream)
   {
     ++calls_.records;
     const std::uint64_t id = id_of(stream);
     if (streams_.at(id).capturing) throw illegal_call("simulated_streams: event recorded on a capturing stream");
-    events_.at(e) = {id, streams_.at(id).enqueued, true};
+    event_state& ev = events_.at(e);
+    if (ev.device != streams_.at(id).device)
+      throw illegal_call("simulated_streams: an event of device " + std::to_string(ev.device) +
+                         " recorded on a stream of device " + std::to_string(streams_.at(id).device));
+    ev = {id, streams_.at(id).enqueued, true, ev.device};
   }
   bool done(std::size_t e)
   {
@@ -357,6 +373,7 @@ private:
   std::uint64_t next_capture_ = 1;
   std::uint64_t replays_ = 0;
   int thread_mode_ = 0;
+  int current_device_ = 0;
   bool fail_user_objects_ = false;
 };
 
@@ -367,8 +384,14 @@ public:
 
   explicit simulated_events(simulated_streams& world) noexcept : world_(&world) {}
 
-  std::uint64_t id_of(cuda::stream_ref stream) const { return world_->id_of(stream); }
+  /// As the driver: asking a capturing stream for its id is illegal (and would invalidate the capture).
+  std::uint64_t id_of(cuda::stream_ref stream) const
+  {
+    if (world_->capturing(stream)) throw simulated_streams::illegal_call("simulated_streams: the id of a capturing stream was asked");
+    return world_->id_of(stream);
+  }
   event make_event() { return world_->make_event(); }
+  event make_event_on(int device) { return world_->make_event_on(device); }
   void destroy_event(event e) const noexcept { world_->destroy_event(e); }
   void record(event e, cuda::stream_ref stream) { world_->record(e, stream); }
   bool done(event e) { return world_->done(e); }

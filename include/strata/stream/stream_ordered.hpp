@@ -52,8 +52,8 @@ namespace strata {
 /// out_of_memory.
 ///
 /// Synchronous calls. `deallocate` (no stream) is safe for any prior work on any stream, as cudaFree is: the
-/// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of every
-/// device whose streams used this layer, and the current one), made once `sync_frees_per_wait` blocks or
+/// block is set aside and reaches the policy only after a device-wide wait (cudaDeviceSynchronize of the
+/// policy's device and of every device whose streams used this layer), made once `sync_frees_per_wait` blocks or
 /// `bytes_per_event` bytes are set aside, or when the policy would otherwise grow. `allocate` (no stream) runs
 /// on the legacy default stream and returns a block ready for the host and every stream: it host-waits for the
 /// block's last use when that may still be running.
@@ -63,11 +63,14 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits); the first other stream needing the owner's earlier frees (one device wait). A failed wait never returns blocks to the policy: they stay where they were (or, at destruction,
-/// are abandoned, counted in stats().abandoned_blocks).
+/// waits); the first other stream needing the owner's earlier frees (one device wait); begin_allocate_to_pool
+/// with frees pending, and a released private pool filling the set-aside batch (device waits). A failed wait
+/// never returns blocks to the policy: they stay where they were (or, at destruction, are abandoned, counted
+/// in stats().abandoned_blocks). While a capture forbids host waits, a miss grows the policy instead of
+/// waiting for set-aside frees.
 ///
-/// Events are created on the current device, so a stream of another device must be used with its device
-/// current (as CUDA requires for cudaEventRecord). Device-wide waits cover the policy's device (found through
+/// Events are made on the device of the stream they are recorded on (cuda_events::make_event_on), whichever
+/// device is current, so a block may be freed on its stream while another device is current. Device-wide waits cover the policy's device (found through
 /// `device()` on the policy or what it is built on, `detail::resource_device`) and the devices of every stream
 /// that used the layer, never merely the current device (the current device only when none of those is known).
 /// A policy that waits for the device itself (mapped_pool, when it reclaims idle memory after growing) does
@@ -94,11 +97,12 @@ namespace strata {
 /// with the thread's capture mode relaxed around the call (so a source's cudaMalloc or cuMemCreate is legal,
 /// as PyTorch does; so is any stream's policy growth while the layer knows of a capture, since in global mode
 /// any thread's cudaMalloc invalidates every capture; a capture the layer has not seen yet, no call having
-/// been made on its stream, is not protected). A policy that must wait for the device or free memory to grow
-/// (mapped_pool reclaiming idle memory, coalescing_pool handing free chunks back: cudaFree synchronizes)
-/// cannot do so under capture in any mode: that allocation throws usage_error with the policy unchanged (the
-/// failed CUDA call may still have invalidated the capture); warm the pool before capturing. Pool blocks
-/// count as in use until released. A released pool's free blocks, and its live blocks
+/// been made on its stream, is not protected). What synchronizes cannot be done under capture in any mode:
+/// a policy whose growth frees memory (coalescing_pool handing free chunks back: cudaFree) or waits for the
+/// device fails, and a pool allocation then throws usage_error with the policy unchanged (the failed call may
+/// still have invalidated the capture); mapped_pool skips its reclaim when its device wait fails, keeping the
+/// allocation, but that failed call may invalidate the capture too. Warm the pool before capturing (run the
+/// step once uncaptured). Pool blocks count as in use until released. A released pool's free blocks, and its live blocks
 /// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
 /// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
 /// wait is legal then): launch a graph after the work that preceded its capture, or ordered after it (as
@@ -121,7 +125,8 @@ namespace strata {
 /// and a miss costs the policy's allocate, an event query per pending event and at most one event record and
 /// cudaStreamWaitEvent per batch of the owner's frees. While private pools exist, a hash lookup per free; a
 /// pool allocate or free is O(log b) in the pool's bins, plus the capture query (and, for a capture's first
-/// allocation, a CUDA user object); each explicit route costs one filter call per allocate. Unsynchronized.
+/// allocation, a CUDA user object); each explicit route costs one filter call per allocate; while a capture
+/// is known, two cudaThreadExchangeStreamCaptureMode around each policy allocate. Unsynchronized.
 /// Move-only.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
@@ -202,8 +207,13 @@ public:
   /// Tells the layer that `stream` will share it: from now on the owner's frees carry events, so that this
   /// stream waits for them on the GPU. (A stream first seen later makes its first request wait for the device
   /// once instead: the owner's earlier frees have no event, and its handle is never touched from another
-  /// stream's call.) A driver call; no memory.
-  void share(cuda::stream_ref stream) { (void)state_of(backend_.id_of(stream), stream); }
+  /// stream's call.) A driver call; no memory. Nothing on a capturing stream (asking its id would invalidate
+  /// the capture; what it allocates is its graph's private pool's, which nobody else gets anyway).
+  void share(cuda::stream_ref stream)
+  {
+    if (opts_.check_capture && captures(stream)) return;
+    (void)state_of(backend_.id_of(stream), stream);
+  }
 
   /// The same, with the stream's id known: no backend call on a hit.
   void* allocate_async(std::size_t bytes, std::size_t alignment, const identified_stream& stream)
@@ -397,8 +407,19 @@ public:
   {
     return owner_ != nullptr ? std::optional<std::uint64_t>(owner_->id) : std::nullopt;
   }
-  /// The id this layer files a stream under (what checked<> compares).
-  std::uint64_t stream_id(cuda::stream_ref stream) const { return backend_.id_of(stream); }
+  /// The id this layer files a stream under (what checked<> compares). A capturing stream cannot be asked
+  /// (that would invalidate its capture): it is the id last seen with its handle, else one made from the
+  /// capture's id (top bit set, so it is no stream's id).
+  std::uint64_t stream_id(cuda::stream_ref stream) const
+  {
+    if (opts_.check_capture && backend_.capturing(stream)) {
+      for (const auto& [id, st] : streams_)
+        if (st->handle.get() == stream.get()) return id;
+      if constexpr (graph_backend<Backend>) return (std::uint64_t{1} << 63) | backend_.capture_of(stream).id;
+      else return std::uint64_t{1} << 63;
+    }
+    return backend_.id_of(stream);
+  }
   const counters& stats() const noexcept { return counters_; }
 
   Policy& policy() noexcept { return policy_; }
@@ -434,6 +455,12 @@ private:
   struct pending_event {
     event e;
     std::uint64_t covers_below;  ///< frees numbered below this happened before the event was recorded
+    int device = 0;              ///< the event's device: its stream's (cudaEventRecord requires it)
+  };
+
+  struct spare {
+    event e;
+    int device;
   };
 
   struct set_aside {
@@ -445,6 +472,7 @@ private:
   /// an age list (oldest first, the order events cover them in), and its recorded events, oldest first.
   struct stream_state {
     std::uint64_t id = 0;
+    int device = 0;  ///< whose work the stream runs: its events are made there
     cuda::stream_ref handle{cudaStreamLegacy};  ///< as last seen (the owner's events are recorded on it)
     std::uint64_t ordered_after = 0;  ///< this stream waits for the owner's policy frees numbered up to this
     std::uint64_t recent_frees = 0;   ///< since ownership was last weighed
@@ -998,6 +1026,7 @@ private:
         if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) devices_.push_back(device);
         auto fresh = std::make_unique<stream_state>();
         fresh->id = id;
+        fresh->device = device;
         it = streams_.emplace(id, std::move(fresh)).first;
         shared_ = shared_ || streams_.size() > 1;  // from now on the owner's frees carry events
       }
@@ -1026,25 +1055,33 @@ private:
     nodes_.recycle(n);
   }
 
-  event spare_event()
+  /// A spare event of `device` (the newest such), or a new one made there: an event must belong to the device
+  /// of the stream it is recorded on, whichever device is current (a per-device stack frees a block of its
+  /// device while another is current). Backends without make_event_on make it on the current device.
+  event spare_event(int device)
   {
-    if (spare_events_.empty()) return backend_.make_event();
-    const event e = spare_events_.back();
-    spare_events_.pop_back();
-    return e;
+    for (std::size_t i = spare_events_.size(); i-- > 0;)
+      if (spare_events_[i].device == device) {
+        const event e = spare_events_[i].e;
+        spare_events_[i] = spare_events_.back();
+        spare_events_.pop_back();
+        return e;
+      }
+    if constexpr (requires { backend_.make_event_on(device); }) return backend_.make_event_on(device);
+    else return backend_.make_event();
   }
 
-  /// Records an event on `stream` into `events`, covering what is numbered below `covers_below`.
-  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below)
+  /// Records an event on `stream` (of `device`) into `events`, covering what is numbered below `covers_below`.
+  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below, int device)
   {
     // Every event made is spare or pending: with room for all of them, retiring one never allocates.
     spare_events_.reserve(spare_events_.size() + events_pending_ + 1);
-    const event e = spare_event();
+    const event e = spare_event(device);
     try {
       backend_.record(e, stream);
-      events.push_back({e, covers_below});
+      events.push_back({e, covers_below, device});
     } catch (...) {
-      spare_events_.push_back(e);
+      spare_events_.push_back({e, device});
       throw;
     }
     ++events_pending_;
@@ -1053,7 +1090,7 @@ private:
 
   void retire_front(std::deque<pending_event>& events) noexcept
   {
-    spare_events_.push_back(events.front().e);  // capacity reserved in record_into
+    spare_events_.push_back({events.front().e, events.front().device});  // capacity reserved in record_into
     events.pop_front();
     --events_pending_;
   }
@@ -1064,7 +1101,7 @@ private:
     if (s.uncovered_blocks == 0) return;
     reap(s);
     if (opts_.check_capture && captures(stream)) refuse_capture("an event was needed");
-    record_into(s.events, stream, s.next_seq);
+    record_into(s.events, stream, s.next_seq, s.device);
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
     s.uncovered_bytes = 0;
@@ -1175,7 +1212,7 @@ private:
   void cover_owner(cuda::stream_ref stream) noexcept
   {
     try {
-      record_into(owner_events_, stream, policy_seq_);
+      record_into(owner_events_, stream, policy_seq_, owner_->device);
     } catch (...) {
     }
   }
@@ -1220,7 +1257,12 @@ private:
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
       cover(s, stream);
       reap_all(s);
-      if (!deferred_.empty() && !policy_has_room(sh)) wait_for_pending_frees(/*policy_too=*/false);
+      if (!deferred_.empty() && !policy_has_room(sh)) {
+        try {
+          wait_for_pending_frees(/*policy_too=*/false);
+        } catch (const usage_error&) {  // a capture forbids host waits now: let the policy grow instead
+        }
+      }
     }
     try {
       return grow_policy(sh);
@@ -1361,7 +1403,7 @@ private:
     for (auto& [id, s] : streams_)
       for (const pending_event& pe : s->events) backend_.destroy_event(pe.e);
     for (const pending_event& pe : owner_events_) backend_.destroy_event(pe.e);
-    for (event e : spare_events_) backend_.destroy_event(e);
+    for (const spare& sp : spare_events_) backend_.destroy_event(sp.e);
     for (auto& [id, s] : streams_) {
       while (s->oldest != nullptr) {
         node* n = s->oldest;
@@ -1436,7 +1478,7 @@ private:
   std::size_t deferred_bytes_ = 0;
   std::vector<int> devices_;
   detail::object_pool<node> nodes_;
-  std::vector<event> spare_events_;
+  std::vector<spare> spare_events_;
   std::size_t events_pending_ = 0;
   std::size_t cached_bytes_ = 0;
   std::size_t cached_blocks_ = 0;
