@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <strata/adaptor/per_device.hpp>
 #include <strata/core/cccl_claims.hpp>
 
 #include <strata/pages/driver_pages.hpp>
@@ -49,6 +50,22 @@ inline default_pool make_default_pool(const default_pool_options& o = {})
   opts.max_physical = std::min(o.max_physical, static_cast<std::size_t>(o.max_fraction * static_cast<double>(total_bytes)));
   return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers}, opts}};
 }
+
+/// per_device's factory for the recommended stack: the same options on every device, `device` replaced by the
+/// one asked for (and `peers` left as given: name the devices that should reach each device's memory).
+struct default_pool_factory {
+  default_pool_options options{};
+  default_pool operator()(int device) const
+  {
+    default_pool_options o = options;
+    o.device = device;
+    return make_default_pool(o);
+  }
+};
+
+/// The recommended stack on every device, each built when a thread first allocates with its device current
+/// (or asks for_device): `default_pools pools;` then allocate as from one pool. See per_device.
+using default_pools = per_device<default_pool, default_pool_factory>;
 
 static_assert(stream_resource<default_pool> && cccl::stream_resource_with<default_pool, device_accessible>);
 static_assert(!has_property<default_pool, host_accessible> && !has_property<planning_pool, device_accessible>);
