@@ -16,6 +16,7 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/config.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/core/peer_access.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/detail/cuda_check.hpp>
 #include <strata/pages/page_backend.hpp>
@@ -116,11 +117,7 @@ public:
     for (int peer : peers) {
       if (peer == device_) continue;
       if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
-      int can = 0;
-      detail::cuda_check(cudaDeviceCanAccessPeer(&can, peer, device_), "cudaDeviceCanAccessPeer");
-      if (can == 0)
-        throw std::invalid_argument("driver_pages: device " + std::to_string(peer) + " cannot access device " +
-                                    std::to_string(device_) + "'s memory (no peer path)");
+      detail::check_peer_path("driver_pages", device_, peer);  // peer_access_error, a std::invalid_argument
       access_[devices_++] = access_for(peer);
     }
   }

@@ -1,11 +1,13 @@
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/cccl_claims.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/core/peer_access.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/detail/cuda_check.hpp>
 
@@ -26,6 +28,9 @@ inline std::string device_memory_figures(int device)
 } // namespace detail
 
 /// Device memory from cudaMalloc / cudaFree on one device, made current for the call and restored after.
+/// Built with `peers`, it lets those devices read and write every cudaMalloc'd block of its device
+/// (cudaDeviceEnablePeerAccess, once per peer, at construction: the switch covers the device's cudaMalloc
+/// memory past and future), or throws peer_access_error naming a peer that cannot reach it.
 /// Models: resource, device_accessible. Alignment up to 256. Two sources are equal when on the same device.
 /// Cost: a cudaMalloc (tens of µs, grows with size) and a cudaFree (synchronizes the device). Thread-safe.
 class device_source : public sync_names<device_source> {
@@ -35,6 +40,11 @@ public:
   /// The current device.
   device_source() : device_(detail::current_device()) {}
   explicit device_source(int device) : device_(device) {}
+  /// Also lets each of `peers` access this device's cudaMalloc'd memory (see the class comment).
+  device_source(int device, const std::vector<int>& peers) : device_(device)
+  {
+    detail::enable_peer_access("device_source", device, peers);
+  }
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
