@@ -37,6 +37,10 @@ struct vmm_driver {
   decltype(&::cuMemSetAccess) set_access = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
+  // For sharing between processes (ipc/); null where the driver lacks them, which only IPC notices.
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) handle_properties = nullptr;
 
   static const vmm_driver& get()
   {
@@ -63,6 +67,9 @@ private:
     find(d.set_access, "cuMemSetAccess");
     find(d.granularity, "cuMemGetAllocationGranularity");
     find(d.error_name, "cuGetErrorName");
+    find(d.export_handle, "cuMemExportToShareableHandle");
+    find(d.import_handle, "cuMemImportFromShareableHandle");
+    find(d.handle_properties, "cuMemGetAllocationPropertiesFromHandle");
     find(d.create, "cuMemCreate");  // last: its presence says every lookup above ran
     if (!d.address_reserve || !d.address_free || !d.release || !d.map || !d.unmap || !d.set_access || !d.granularity)
       d.create = nullptr;
@@ -99,8 +106,11 @@ public:
   /// `page_size` 0: the device's allocation granularity (2 MiB on H100/H200); otherwise a multiple of it.
   static constexpr std::size_t max_devices = 32;
 
-  explicit driver_pages(int device = detail::current_device(), std::size_t page_size = 0, const std::vector<int>& peers = {})
-      : device_(device)
+  /// `handle_types`: what the physical allocations may be exported as (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  /// to share blocks with other processes through ipc/; none by default, as cuMemCreate's default).
+  explicit driver_pages(int device = detail::current_device(), std::size_t page_size = 0, const std::vector<int>& peers = {},
+                        CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE)
+      : device_(device), handle_types_(handle_types)
   {
     const auto& driver = detail::vmm_driver::get();
     const CUmemAllocationProp prop = properties();
@@ -190,6 +200,22 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
+  CUmemAllocationHandleType handle_types() const noexcept { return handle_types_; }
+
+  /// A new POSIX file descriptor for physical allocation `p` (cuMemExportToShareableHandle), owned by the
+  /// caller; for pages created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR. Another process imports it with
+  /// cuMemImportFromShareableHandle (ipc/). A driver call; std::logic_error where the pages are not exportable.
+  int export_fd(page p) const
+  {
+    if ((handle_types_ & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+      throw std::logic_error("driver_pages: pages created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be exported");
+    const auto fn = detail::vmm_driver::get().export_handle;
+    if (fn == nullptr) throw std::runtime_error("driver_pages: the driver has no cuMemExportToShareableHandle");
+    int fd = -1;
+    detail::driver_check(fn(&fd, p, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle");
+    return fd;
+  }
+
   friend constexpr void get_property(const driver_pages&, device_accessible) noexcept {}
 
 private:
@@ -199,6 +225,7 @@ private:
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device_;
+    prop.requestedHandleTypes = handle_types_;
     return prop;
   }
   static CUmemAccessDesc access_for(int device) noexcept
@@ -211,6 +238,7 @@ private:
   }
 
   int device_ = 0;
+  CUmemAllocationHandleType handle_types_ = CU_MEM_HANDLE_TYPE_NONE;
   std::size_t page_size_ = 0;
   std::array<CUmemAccessDesc, max_devices> access_{};  ///< a fixed array: moves cannot throw
   std::size_t devices_ = 0;
