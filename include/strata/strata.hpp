@@ -49,6 +49,11 @@
 
 #include <strata/default_pool.hpp>
 
+#include <strata/ipc/block_handle.hpp>
+#include <strata/ipc/export_block.hpp>
+#include <strata/ipc/fd_passing.hpp>
+#include <strata/ipc/imported_block.hpp>
+
 #include <strata/interop/any_resource.hpp>
 #include <strata/interop/pmr_adaptor.hpp>
 // Thrust interop (thrust_allocator, thrust_temp_allocator, thrust_resource) is included on its own: it pulls in Thrust.
