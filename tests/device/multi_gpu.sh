@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The two-GPU checks of issue 17 (items 1, 2, 3, 5), for the device machine (nvidia-h200-x2):
+#   tests/device/multi_gpu.sh [BUILD_DIR]        (run from anywhere; BUILD_DIR defaults to build-multi-gpu)
+# Configures and builds what it needs, then runs every step even when one before it failed, each under a
+# timeout (STRATA_STEP_TIMEOUT seconds, default 600). Logs go to $OUT/multi_gpu/ (or ./multi_gpu_out when OUT
+# is unset): one log per step, summary.txt ("PASS|FAIL label rc" per step, then the count). Exits 1 if any
+# step failed. STRATA_REQUIRE_GPU=2: the GPU tests fail, rather than skip, with fewer than two devices.
+# NCCL: STRATA_NCCL_ROOT if set, else PyTorch's wheel (python3 -c "import nvidia.nccl"), else the toolkit's;
+# without any, the NCCL step is reported "FAIL nccl_allreduce missing".
+set -u
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$repo/build-multi-gpu}
+out=${OUT:-$PWD/multi_gpu_out}/multi_gpu
+limit=${STRATA_STEP_TIMEOUT:-600}
+mkdir -p "$out"
+: > "$out/summary.txt"
+export PATH=/usr/local/cuda/bin:$PATH
+export STRATA_REQUIRE_GPU=2
+export NCCL_NVLS_ENABLE=0   # NVLink multicast off (KINDS.md)
+
+{ nvidia-smi -L; nvidia-smi topo -m; } > "$out/device.txt" 2>&1 || echo "no nvidia-smi" > "$out/device.txt"
+git -C "$repo" rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
+
+# step LABEL COMMAND...: runs it with output to LABEL.log, records PASS/FAIL with its status (124: timed out).
+step() {
+  local label=$1
+  shift
+  echo "== $label: $*" | tee -a "$out/$label.log"
+  if [ ! -x "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
+    echo "FAIL $label missing ($1 not built)" | tee -a "$out/summary.txt"
+    return
+  fi
+  timeout --kill-after=30 "$limit" "$@" >> "$out/$label.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then echo "PASS $label 0" | tee -a "$out/summary.txt"; else echo "FAIL $label $rc" | tee -a "$out/summary.txt"; fi
+  grep -E "^(PASS|FAIL) |test cases:|assertions:|ERROR SUMMARY|routing a free|skipped" "$out/$label.log" | tail -n 40
+}
+
+nccl_root=${STRATA_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)}
+nccl_flag=()
+[ -n "$nccl_root" ] && nccl_flag=(-DSTRATA_NCCL_ROOT="$nccl_root")
+echo "NCCL root: ${nccl_root:-(toolkit folders)}" > "$out/nccl.txt"
+
+step configure cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_BENCH=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${nccl_flag[@]}"
+step build cmake --build "$build" -j "$(nproc)" --target strata_tests strata_gpu_tests ipc_two_processes
+step build_nccl cmake --build "$build" -j "$(nproc)" --target nccl_allreduce
+
+# Host parts (also in CI): routing over simulated devices, descriptor passing, the wire format.
+step host_routing "$build/tests/strata_tests" --no-intro -tc='per_device*,fd_passing*,block_handle*,send_block*,mapped_pool::backing_of*'
+# Two devices: routing, frees from the wrong current device, sources on their own device, peer access per kind.
+step gpu_multi "$build/tests/strata_gpu_tests" --no-intro -ts=multi_gpu
+step gpu_bad_peers "$build/tests/strata_gpu_tests" --no-intro -tc='a peer that does not exist*,mapped_pool: a peer device*'
+# IPC between two processes, every pool kind, on each device.
+step ipc_two_processes "$build/examples/ipc_two_processes"
+# NCCL all-reduce over pool memory.
+step nccl_allreduce "$build/examples/nccl_allreduce"
+# compute-sanitizer memcheck: the two-device suite, then the IPC example on one device.
+step memcheck_multi compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full \
+  "$build/tests/strata_gpu_tests" --no-intro -ts=multi_gpu
+step memcheck_ipc_one_device env CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  --target-processes all "$build/examples/ipc_two_processes"
+
+passed=$(grep -c '^PASS' "$out/summary.txt")
+failed=$(grep -c '^FAIL' "$out/summary.txt")
+echo "multi_gpu.sh: $passed steps passed, $failed failed" | tee -a "$out/summary.txt"
+[ "$failed" -eq 0 ]
