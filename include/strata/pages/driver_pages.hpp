@@ -171,12 +171,14 @@ public:
 
   void map(std::uintptr_t address, page p, std::size_t bytes)
   {
+    detail::scoped_device on(device_);  // the device's context, whatever the caller has current (issue 17)
     detail::driver_check(detail::vmm_driver::get().map(static_cast<CUdeviceptr>(address), bytes, 0, p, 0), "cuMemMap");
     ++counts_.maps;
   }
 
   void set_access(std::uintptr_t address, std::size_t bytes)
   {
+    detail::scoped_device on(device_);
     detail::driver_check(detail::vmm_driver::get().set_access(static_cast<CUdeviceptr>(address), bytes, access_.data(), devices_),
                          "cuMemSetAccess");
     ++counts_.access_calls;
