@@ -18,7 +18,7 @@ int main(int argc, char** argv)
     (void)cudaGetLastError();
     const char* require = std::getenv("STRATA_REQUIRE_GPU");
     if (require != nullptr && std::atoi(require) >= 1) {  // 2: two devices required (multi_gpu.cuh)
-      std::fprintf(stderr, "STRATA_REQUIRE_GPU=1 but no CUDA device is usable (%s)\n", cudaGetErrorString(status));
+      std::fprintf(stderr, "STRATA_REQUIRE_GPU=%s but no CUDA device is usable (%s)\n", require, cudaGetErrorString(status));
       return 1;
     }
     std::printf("GPU tests skipped: no CUDA device (%s); set STRATA_REQUIRE_GPU=1 to make this a failure\n",
