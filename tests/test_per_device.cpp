@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <strata/adaptor/per_device.hpp>
+#include <strata/adaptor/synchronized.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/simulated_devices.hpp>
@@ -372,4 +373,43 @@ TEST_CASE("per_device moves hand every stack over")
   b.deallocate(q, 1000);
   a = std::move(b);
   CHECK(a.built(0) == stack);
+}
+
+TEST_CASE("per_device over synchronized stacks: threads allocate on their device and free from another")
+{
+  simulated_devices world(2);
+  using locked = synchronized<device_pool>;
+  struct locked_factory {
+    simulated_devices* world;
+    locked operator()(int d) const { return locked(device_pool{simulated_device_memory(*world, d)}); }
+  };
+  per_device<locked, locked_factory, simulated_devices::backend> p{locked_factory{&world}, simulated_devices::backend(world)};
+  constexpr int threads = 4, rounds = 2000;
+  std::atomic<int> routed_home{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < rounds; ++i) {
+        const int device = static_cast<int>(rng() % 2);
+        world.make_current(device);  // per thread, as cudaSetDevice
+        const std::size_t bytes = 256 + rng() % 100'000;
+        void* q = p.allocate(bytes);
+        routed_home += world.device_of(q) == device;
+        mine.emplace_back(q, bytes);
+        if (mine.size() > 16) {
+          world.make_current(1 - device);  // free from the other device
+          const auto [old, old_bytes] = mine.front();
+          mine.erase(mine.begin());
+          p.deallocate(old, old_bytes);
+        }
+      }
+      for (auto [q, bytes] : mine) p.deallocate(q, bytes);
+    });
+  for (auto& w : workers) w.join();
+  CHECK(routed_home.load() == threads * rounds);
+  CHECK(p.usage().used_blocks == 0);
+  CHECK(p.usage(0).in_use == 0);
+  CHECK(p.usage(1).in_use == 0);
 }
