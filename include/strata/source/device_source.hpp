@@ -14,11 +14,16 @@
 namespace strata {
 
 namespace detail {
-/// "device 0 has 1234 of 5678 bytes free", for out_of_memory messages.
+/// "device 0 has 1234 of 5678 bytes free", for out_of_memory messages. The caller's current device is left
+/// as it was (cudaMemGetInfo answers for the current device, so `device` is made current for the question).
 inline std::string device_memory_figures(int device)
 {
   std::size_t free_bytes = 0, total_bytes = 0;
-  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+  int previous = -1;
+  const bool asked = cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                     cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+  if (!asked) {
     clear_last_error();
     return "device " + std::to_string(device);
   }
