@@ -12,6 +12,7 @@
 #include <strata/adaptor/per_device.hpp>
 #include <strata/adaptor/synchronized.hpp>
 #include <strata/core/ref.hpp>
+#include <strata/default_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/simulated_devices.hpp>
 #include <strata/stream/simulated_streams.hpp>
@@ -412,4 +413,34 @@ TEST_CASE("per_device over synchronized stacks: threads allocate on their device
   CHECK(p.usage().used_blocks == 0);
   CHECK(p.usage(0).in_use == 0);
   CHECK(p.usage(1).in_use == 0);
+}
+
+TEST_CASE("per_device over the recommended stack's planning twin routes every free by owns(), never by a query")
+{
+  simulated_devices world(2);
+  simulated_streams streams;
+  struct planning_factory {
+    simulated_streams* streams;
+    planning_pool operator()(int) const
+    {
+      return planning_pool{mapped_pool<simulated_pages>{simulated_pages{}}, {}, simulated_events(*streams)};
+    }
+  };
+  per_device<planning_pool, planning_factory, simulated_devices::backend> p{planning_factory{&streams},
+                                                                            simulated_devices::backend(world)};
+  std::vector<std::pair<void*, int>> blocks;
+  for (int i = 0; i < 200; ++i) {
+    world.make_current(i % 2);
+    blocks.emplace_back(p.allocate(4096 * (i + 1)), i % 2);
+  }
+  for (auto [q, d] : blocks) CHECK(p.device_of_block(q) == d);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    world.make_current(1 - blocks[i].second);  // from the other device
+    p.deallocate(blocks[i].first, 4096 * (i + 1));
+  }
+  CHECK(world.pointer_queries() == 0);
+  streams.finish_all();
+  p.release();
+  CHECK(p.built(0)->policy().physical_bytes() == 0);
+  CHECK(p.built(1)->policy().physical_bytes() == 0);
 }

@@ -248,6 +248,24 @@ TEST_CASE("each source allocates on its own device while another device is curre
   CHECK(cudaGetLastError() == cudaSuccess);
 }
 
+TEST_CASE("an out-of-memory on another device leaves the caller's current device as it was")
+{
+  if (!have_two_devices()) return;
+  keep_current_device keep;
+  make_current(0);
+  std::size_t free_bytes = 0, total = 0;
+  make_current(1);
+  REQUIRE(cudaMemGetInfo(&free_bytes, &total) == cudaSuccess);
+  make_current(0);
+  device_source on1(1);
+  CHECK_THROWS_AS((void)on1.allocate(total * 2), out_of_memory);
+  CHECK(current() == 0);
+  async_source pool1({.device = 1});
+  CHECK_THROWS_AS((void)pool1.allocate(total * 2), out_of_memory);
+  CHECK(current() == 0);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE("peer access through each pool kind: a kernel on one device reads and writes another's memory")
 {
   if (!have_two_devices()) return;
