@@ -36,7 +36,8 @@ step() {
   grep -E "^(PASS|FAIL) |test cases:|assertions:|ERROR SUMMARY|routing a free|skipped" "$out/$label.log" | tail -n 40
 }
 
-nccl_root=${STRATA_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)}
+# nvidia.nccl may be a namespace package (no __file__): its __path__ names the folder.
+nccl_root=${STRATA_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
 nccl_flag=()
 [ -n "$nccl_root" ] && nccl_flag=(-DSTRATA_NCCL_ROOT="$nccl_root")
 echo "NCCL root: ${nccl_root:-(toolkit folders)}" > "$out/nccl.txt"
