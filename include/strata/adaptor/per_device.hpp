@@ -20,7 +20,8 @@
 
 namespace strata {
 
-/// per_device's default factory: `Stack(device)` (device_source, driver_pages-based pools built so...).
+/// per_device's default factory: `Stack(device)`, for stacks built from a device number alone (device_source).
+/// The recommended stack has its own (default_pool_factory, default_pool.hpp).
 template <class Stack>
 struct construct_on_device {
   Stack operator()(int device) const
@@ -52,8 +53,8 @@ struct construct_on_device {
 /// cudaPointerGetAttributes, plus a cudaSetDevice pair when a synchronous free comes from another device.
 /// Building a stack is thread-safe (std::call_once per device; a factory that throws leaves the slot empty
 /// for the next try). The stacks themselves are as thread-safe as they are: routing a free asks other
-/// devices' stacks owns(), so share per_device between threads only over thread-safe stacks (synchronized<...>,
-/// thread_cached<...>). Move-only: a move hands every stack over and leaves the source with none (it may
+/// devices' stacks owns(), so share per_device between threads only over stacks whose every call takes a lock
+/// (synchronized<...>). Move-only: a move hands every stack over and leaves the source with none (it may
 /// only be destroyed or assigned to).
 template <resource Stack, class Factory = construct_on_device<Stack>, device_backend Devices = cuda_devices>
   requires std::invocable<const Factory&, int> && std::same_as<std::invoke_result_t<const Factory&, int>, Stack>
