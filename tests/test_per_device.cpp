@@ -58,8 +58,9 @@ public:
   friend bool operator==(const current_witness& a, const current_witness& b) noexcept { return &a == &b; }
   friend constexpr void get_property(const current_witness&, host_accessible) noexcept {}
 
+  void release() { release_current.push_back(world_->current()); }
   int device() const noexcept { return memory_.device(); }
-  std::vector<int> allocate_current, free_current;
+  std::vector<int> allocate_current, free_current, release_current;
 
 private:
   simulated_device_memory memory_;
@@ -177,6 +178,11 @@ TEST_CASE("per_device over non-owning stacks asks where the pointer lives, and f
   CHECK(world.current() == 1);  // and the caller's device was restored
   CHECK(world.claimed_ranges() == 0);
   CHECK(p.built(1) == nullptr);  // device 1 never allocated: never built
+
+  p.release();  // each built stack releases with its own device current
+  CHECK(p.built(0)->release_current == std::vector<int>{0});
+  CHECK(p.built(2)->release_current == std::vector<int>{2});
+  CHECK(world.current() == 1);
 
   // A pointer no device knows is ignored (misuse; nothing to free it to).
   int foreign = 0;
