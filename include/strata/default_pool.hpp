@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <strata/adaptor/per_device.hpp>
 #include <strata/core/cccl_claims.hpp>
 
 #include <strata/pages/driver_pages.hpp>
@@ -31,6 +32,7 @@ struct default_pool_options {
   double max_fraction = 1.0;           ///< hold at most this share of the device's memory...
   std::size_t max_physical = SIZE_MAX; ///< ...and at most this many bytes
   std::vector<int> peers;              ///< other devices that may read and write the memory
+  CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE;  ///< POSIX_FILE_DESCRIPTOR: blocks shareable through ipc/
   mapped_pool<driver_pages>::options pool{};  ///< max_physical here is replaced by the two caps above
 };
 
@@ -49,8 +51,24 @@ inline default_pool make_default_pool(const default_pool_options& o = {})
   }
   auto opts = o.pool;
   opts.max_physical = std::min(o.max_physical, static_cast<std::size_t>(o.max_fraction * static_cast<double>(total_bytes)));
-  return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers}, opts}};
+  return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers, o.handle_types}, opts}};
 }
+
+/// per_device's factory for the recommended stack: the same options on every device, `device` replaced by the
+/// one asked for (and `peers` left as given: name the devices that should reach each device's memory).
+struct default_pool_factory {
+  default_pool_options options{};
+  default_pool operator()(int device) const
+  {
+    default_pool_options o = options;
+    o.device = device;
+    return make_default_pool(o);
+  }
+};
+
+/// The recommended stack on every device, each built when a thread first allocates with its device current
+/// (or asks for_device): `default_pools pools;` then allocate as from one pool. See per_device.
+using default_pools = per_device<default_pool, default_pool_factory>;
 
 static_assert(stream_resource<default_pool> && cccl::stream_resource_with<default_pool, device_accessible>);
 static_assert(!has_property<default_pool, host_accessible> && !has_property<planning_pool, device_accessible>);

@@ -3,6 +3,7 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
+#include <strata/core/devices.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/core/ref.hpp>
@@ -15,6 +16,7 @@
 #include <strata/source/managed_source.hpp>
 #include <strata/source/pinned_source.hpp>
 #include <strata/source/registered_host_source.hpp>
+#include <strata/source/simulated_devices.hpp>
 #include <strata/source/simulated_source.hpp>
 
 #include <strata/pages/driver_pages.hpp>
@@ -35,6 +37,7 @@
 #include <strata/adaptor/checked.hpp>
 #include <strata/adaptor/fallback.hpp>
 #include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/per_device.hpp>
 #include <strata/adaptor/prefetch.hpp>
 #include <strata/adaptor/recorder.hpp>
 #include <strata/adaptor/retry_on_oom.hpp>
@@ -45,6 +48,11 @@
 #include <strata/adaptor/tracking.hpp>
 
 #include <strata/default_pool.hpp>
+
+#include <strata/ipc/block_handle.hpp>
+#include <strata/ipc/export_block.hpp>
+#include <strata/ipc/fd_passing.hpp>
+#include <strata/ipc/imported_block.hpp>
 
 #include <strata/interop/any_resource.hpp>
 #include <strata/interop/pmr_adaptor.hpp>

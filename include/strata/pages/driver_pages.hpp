@@ -16,6 +16,7 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/config.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/core/peer_access.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/detail/cuda_check.hpp>
 #include <strata/pages/page_backend.hpp>
@@ -36,6 +37,10 @@ struct vmm_driver {
   decltype(&::cuMemSetAccess) set_access = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
+  // For sharing between processes (ipc/); null where the driver lacks them, which only IPC notices.
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) handle_properties = nullptr;
 
   static const vmm_driver& get()
   {
@@ -62,6 +67,9 @@ private:
     find(d.set_access, "cuMemSetAccess");
     find(d.granularity, "cuMemGetAllocationGranularity");
     find(d.error_name, "cuGetErrorName");
+    find(d.export_handle, "cuMemExportToShareableHandle");
+    find(d.import_handle, "cuMemImportFromShareableHandle");
+    find(d.handle_properties, "cuMemGetAllocationPropertiesFromHandle");
     find(d.create, "cuMemCreate");  // last: its presence says every lookup above ran
     if (!d.address_reserve || !d.address_free || !d.release || !d.map || !d.unmap || !d.set_access || !d.granularity)
       d.create = nullptr;
@@ -98,8 +106,11 @@ public:
   /// `page_size` 0: the device's allocation granularity (2 MiB on H100/H200); otherwise a multiple of it.
   static constexpr std::size_t max_devices = 32;
 
-  explicit driver_pages(int device = detail::current_device(), std::size_t page_size = 0, const std::vector<int>& peers = {})
-      : device_(device)
+  /// `handle_types`: what the physical allocations may be exported as (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  /// to share blocks with other processes through ipc/; none by default, as cuMemCreate's default).
+  explicit driver_pages(int device = detail::current_device(), std::size_t page_size = 0, const std::vector<int>& peers = {},
+                        CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE)
+      : device_(device), handle_types_(handle_types)
   {
     const auto& driver = detail::vmm_driver::get();
     const CUmemAllocationProp prop = properties();
@@ -116,11 +127,7 @@ public:
     for (int peer : peers) {
       if (peer == device_) continue;
       if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
-      int can = 0;
-      detail::cuda_check(cudaDeviceCanAccessPeer(&can, peer, device_), "cudaDeviceCanAccessPeer");
-      if (can == 0)
-        throw std::invalid_argument("driver_pages: device " + std::to_string(peer) + " cannot access device " +
-                                    std::to_string(device_) + "'s memory (no peer path)");
+      detail::check_peer_path("driver_pages", device_, peer);  // peer_access_error, a std::invalid_argument
       access_[devices_++] = access_for(peer);
     }
   }
@@ -164,12 +171,14 @@ public:
 
   void map(std::uintptr_t address, page p, std::size_t bytes)
   {
+    detail::scoped_device on(device_);  // the device's context, whatever the caller has current (issue 17)
     detail::driver_check(detail::vmm_driver::get().map(static_cast<CUdeviceptr>(address), bytes, 0, p, 0), "cuMemMap");
     ++counts_.maps;
   }
 
   void set_access(std::uintptr_t address, std::size_t bytes)
   {
+    detail::scoped_device on(device_);
     detail::driver_check(detail::vmm_driver::get().set_access(static_cast<CUdeviceptr>(address), bytes, access_.data(), devices_),
                          "cuMemSetAccess");
     ++counts_.access_calls;
@@ -193,6 +202,22 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
+  CUmemAllocationHandleType handle_types() const noexcept { return handle_types_; }
+
+  /// A new POSIX file descriptor for physical allocation `p` (cuMemExportToShareableHandle), owned by the
+  /// caller; for pages created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR. Another process imports it with
+  /// cuMemImportFromShareableHandle (ipc/). A driver call; std::logic_error where the pages are not exportable.
+  int export_fd(page p) const
+  {
+    if ((handle_types_ & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+      throw std::logic_error("driver_pages: pages created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be exported");
+    const auto fn = detail::vmm_driver::get().export_handle;
+    if (fn == nullptr) throw std::runtime_error("driver_pages: the driver has no cuMemExportToShareableHandle");
+    int fd = -1;
+    detail::driver_check(fn(&fd, p, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle");
+    return fd;
+  }
+
   friend constexpr void get_property(const driver_pages&, device_accessible) noexcept {}
 
 private:
@@ -202,6 +227,7 @@ private:
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device_;
+    prop.requestedHandleTypes = handle_types_;
     return prop;
   }
   static CUmemAccessDesc access_for(int device) noexcept
@@ -214,6 +240,7 @@ private:
   }
 
   int device_ = 0;
+  CUmemAllocationHandleType handle_types_ = CU_MEM_HANDLE_TYPE_NONE;
   std::size_t page_size_ = 0;
   std::array<CUmemAccessDesc, max_devices> access_{};  ///< a fixed array: moves cannot throw
   std::size_t devices_ = 0;

@@ -217,6 +217,35 @@ public:
     peak_live_pages_ = live_pages_;
   }
 
+  /// One physical allocation behind part of a live block: where it is mapped, its size, the backend's handle.
+  struct backing {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    typename Backend::page page{};
+  };
+  /// The physical allocations behind the live block starting at p, in address order (they are contiguous and
+  /// cover the block): what sharing the block with another process exports (ipc/). Empty for a pointer that
+  /// does not start a live block. O(pages of the block); allocates the result.
+  std::vector<backing> backing_of(const void* p) const
+  {
+    std::vector<backing> out;
+    const block* const* found = used_.find(p);
+    if (found == nullptr) return out;
+    const block& b = **found;
+    const band& bd = b.address - bands_[0].base < bands_[0].size ? bands_[0] : bands_[1];
+    const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
+    const std::size_t first = page_of(bd, start), last = page_of(bd, b.address + b.size - 1);
+    std::uint32_t previous = no_mapping;
+    for (std::size_t pg = first; pg <= last; ++pg) {
+      const std::uint32_t m = bd.pages[pg].mapping;
+      if (m == previous) continue;
+      previous = m;
+      const mapping& mp = mappings_[m];
+      out.push_back({address_of(bd, mp.first), bytes_of(mp), mp.page});
+    }
+    return out;
+  }
+
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
   const options& settings() const noexcept { return opts_; }
