@@ -820,6 +820,15 @@ private:
   /// pool wants (its memory belongs to the pool, not to a graph); PyTorch relaxes the mode the same way.
   void* grow_policy(const shape& sh)
   {
+    return relaxed_while_capturing([&] { return policy_.allocate(sh.request, sh.align); });
+  }
+
+  /// Runs f with the calling thread's capture mode relaxed while a stream this layer has seen capturing may
+  /// still capture: in the default (global) mode a "potentially unsafe" call from any thread (a source's
+  /// cudaMalloc, an event query for an uncaptured stream) invalidates every capture going on.
+  template <class F>
+  decltype(auto) relaxed_while_capturing(F&& f)
+  {
     if constexpr (graph_backend<Backend>) {
       if (!capturing_.empty()) {
         const int previous = backend_.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
@@ -834,10 +843,16 @@ private:
             }
           }
         } restore_mode{backend_, previous};
-        return policy_.allocate(sh.request, sh.align);
+        return std::forward<F>(f)();
       }
     }
-    return policy_.allocate(sh.request, sh.align);
+    return std::forward<F>(f)();
+  }
+
+  /// Whether an event has completed; relaxed while a capture goes on (see relaxed_while_capturing).
+  bool event_done(const event& e)
+  {
+    return relaxed_while_capturing([&] { return backend_.done(e); });
   }
 
   /// A free that concerns the private pools: a pool block (filed in its pool, or, its pool released, freed the
@@ -1112,7 +1127,7 @@ private:
   /// Returns to the policy every block of s whose covering event has completed.
   void reap(stream_state& s)
   {
-    while (!s.events.empty() && backend_.done(s.events.front().e)) {
+    while (!s.events.empty() && event_done(s.events.front().e)) {
       const std::uint64_t below = s.events.front().covers_below;
       retire_front(s.events);
       while (s.oldest != nullptr && s.oldest->seq < below) {
@@ -1126,7 +1141,7 @@ private:
   /// The owner's completed events: its policy frees they cover are safe for everyone.
   void reap_owner()
   {
-    while (!owner_events_.empty() && backend_.done(owner_events_.front().e)) mark_safe(owner_events_.front().covers_below);
+    while (!owner_events_.empty() && event_done(owner_events_.front().e)) mark_safe(owner_events_.front().covers_below);
   }
 
   /// Reaps every stream and forgets streams with nothing left (destroyed streams never come back).
@@ -1179,7 +1194,7 @@ private:
       reap_owner();
       if (!policy_clean()) {
         if (const pending_event* e = owner_event()) {
-          if (!backend_.done(e->e)) {
+          if (!event_done(e->e)) {
             if (!for_host) {
               backend_.order_after(stream, e->e);
               ++counters_.orderings;
