@@ -334,7 +334,7 @@ TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking strea
 TEST_CASE("stream_ordered: graph capture is refused clearly; the capture and the layer stay healthy (issue 14 item 5)")
 {
   cudaStream_t s = make_stream(), owner = make_stream();
-  layer_t layer;
+  layer_t layer{pool{}, {.graph_pools = false}};  // with private pools (the default) capture is served: test_graphs.cu
   claim(layer, owner);
   void* before = layer.allocate_async(1 << 20, 256, s);  // live across the capture
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
