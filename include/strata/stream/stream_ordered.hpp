@@ -111,6 +111,8 @@ namespace strata {
 /// this layer knows is capturing, a synchronous allocate or release() is refused (usage_error), as cudaMalloc
 /// and cudaFree are under global capture. Without a graph_backend or with `graph_pools` off, an allocation
 /// under capture throws usage_error (nothing changed) and a free under capture is abandoned (counted).
+/// A capture query that fails (the backend throws) is taken for the worst: the allocation throws it, nothing
+/// changed; a free, while a capture may be under way (a stream seen capturing, or a route), abandons its block.
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
 /// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
@@ -235,7 +237,9 @@ public:
     bool capturing = false;
     try {
       capturing = opts_.check_capture && captures(stream);
-    } catch (...) {  // an unknown stream: the id lookup below says so
+    } catch (...) {
+      if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
+      // No capture known: an unknown stream, which the id lookup below reports.
     }
     if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream, capturing)) return;
     if (capturing) {  // the graph may use the block whenever it is launched; asking the id would break it
@@ -260,6 +264,7 @@ public:
     try {
       capturing = opts_.check_capture && captures(stream.stream());
     } catch (...) {
+      if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
     }
     if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream.stream(), capturing)) return;
     if (capturing) {
@@ -970,6 +975,12 @@ private:
       throw;
     }
   }
+
+  /// Whether a capture may be under way: a stream seen capturing, or a route (PyTorch announces its captures
+  /// with begin_allocate_to_pool). A free whose capture query fails then assumes the worst: its stream may be
+  /// captured, where asking its id would invalidate the capture and a block filed for reuse could be handed
+  /// out while a graph still uses it, so the block is abandoned (counted in stats().abandoned_blocks).
+  bool capture_possible() const noexcept { return !capturing_.empty() || !routes_.empty(); }
 
   bool capturing_or_unknown(cuda::stream_ref stream) noexcept
   {
