@@ -5,6 +5,8 @@
 // plug-in's record_stream holding (recorded_uses) make, per allocation and per free. These are the calls
 // (cudaEventRecord, cudaEventQuery: about a microsecond of host time each on a real GPU) that PyTorch's own
 // caching allocator does not make in this loop; docs/pytorch.md ("Why strata is slower on GPT-2") uses them.
+// "window" is stream_ordered's options::owner_cover_window: SIZE_MAX is the library's default; the plug-in sets 4096,
+// about four GPT-2 steps of frees, which is 400 in this loop of 100 frees per step.
 //   g++ -std=c++20 -O2 -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE -Iinclude -Iplugin/src \
 //     -I/usr/local/cuda/include/cccl -isystem /usr/local/cuda/include bench/torch_loop_sim.cpp -o /tmp/torch_loop_sim \
 //     -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,/usr/local/cuda/lib64 && /tmp/torch_loop_sim
@@ -27,11 +29,14 @@ struct totals {
   std::uint64_t allocations = 0, frees = 0, records = 0, queries = 0, layer_events = 0, host_waits = 0;
 };
 
-/// `steps` training steps; the GPU finishes each step's work during the next one (the host runs one step ahead).
-totals run(bool side_stream, int steps, int measured_from)
+/// `steps` training steps; the GPU catches up with all work issued at the start of every `lag`-th step (the
+/// host runs up to `lag` steps ahead).
+totals run(bool side_stream, std::size_t owner_cover_window, int lag, int steps, int measured_from)
 {
   simulated_streams world;
-  planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * MiB, std::size_t{80} << 30}}, {}, simulated_events{world}};
+  planning_pool::options opts;
+  opts.owner_cover_window = owner_cover_window;
+  planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * MiB, std::size_t{80} << 30}}, opts, simulated_events{world}};
   plugin::recorded_uses<simulated_events> uses;
   const cuda::stream_ref main = world.create(), side = world.create();
   totals t;
@@ -55,8 +60,10 @@ totals run(bool side_stream, int steps, int measured_from)
       at_start.layer_events = pool.stats().events;
       at_start.host_waits = pool.stats().host_waits;
     }
-    world.finish(main);  // the previous step's work is done by now
-    world.finish(side);
+    if (step % lag == 0) {  // the GPU has caught up
+      world.finish(main);
+      world.finish(side);
+    }
     // The batch, copied on the side stream (train.py's fetch), used by the main stream.
     const cuda::stream_ref batch_stream = side_stream ? side : main;
     void* x = allocate(64 * 1024, batch_stream);
@@ -116,6 +123,10 @@ int main()
   std::printf("GPT-2-like loop on the pretend GPU, steps %d-%d (steady state), per step and per operation\n", measured_from, steps - 1);
   std::printf("%-30s %7s %7s %11s %14s %11s %10s\n", "loop", "allocs", "frees", "records/free", "(stream layer)", "queries/alloc",
               "host waits");
-  print("main stream only", run(false, steps, measured_from), measured);
-  print("side stream + record_stream", run(true, steps, measured_from), measured);
+  for (int lag : {1, 2, 3}) {
+    std::printf("the GPU catches up every %d step(s)\n", lag);
+    print("  main stream only", run(false, SIZE_MAX, lag, steps, measured_from), measured);
+    print("  side stream, window SIZE_MAX", run(true, SIZE_MAX, lag, steps, measured_from), measured);
+    print("  side stream, window 400", run(true, 400, lag, steps, measured_from), measured);
+  }
 }

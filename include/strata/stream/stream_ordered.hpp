@@ -63,7 +63,8 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits); the first other stream needing the owner's earlier frees (one device wait); begin_allocate_to_pool
+/// waits); the first other stream needing the owner's earlier frees (one device wait), and, with
+/// options::owner_cover_window, the first after that many owner frees nobody needed; begin_allocate_to_pool
 /// with frees pending, and a released private pool filling the set-aside batch (device waits). A failed wait
 /// never returns blocks to the policy: they stay where they were (or, at destruction, are abandoned, counted
 /// in stats().abandoned_blocks). While a capture forbids host waits, a miss grows the policy instead of
@@ -146,6 +147,13 @@ public:
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
     bool check_capture = true;             ///< ask whether a stream is being captured (see the class comment)
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
+    /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
+    /// while another stream needed them within this many of the owner's frees; past it they carry none, and
+    /// the next stream to need them makes one device-wide wait instead of a cudaStreamWaitEvent (then the
+    /// events resume). SIZE_MAX: always. For loops where the other streams mostly reuse their own frees
+    /// (PyTorch's side streams with record_stream): the plug-in sets it. Events stay on while a capture may be
+    /// under way (no host wait is allowed then).
+    std::size_t owner_cover_window = SIZE_MAX;
   };
 
   /// What the layer did, for tuning and tests.
@@ -626,7 +634,10 @@ private:
       // layer, and holds exactly what it would hold.
       policy_.deallocate(p, sh.request, sh.align);
       ++policy_seq_;
-      if (shared_) cover_owner(stream);
+      if (shared_) {
+        if (owner_frees_unneeded_ < opts_.owner_cover_window || capture_possible()) cover_owner(stream);
+        if (owner_frees_unneeded_ < opts_.owner_cover_window) ++owner_frees_unneeded_;
+      }
       return;
     }
     try {
@@ -1202,6 +1213,7 @@ private:
   void make_policy_safe_for(stream_state& t, cuda::stream_ref stream, bool for_host)
   {
     if (!policy_clean() && (for_host || (&t != owner_ && t.ordered_after < policy_seq_))) {
+      owner_frees_unneeded_ = 0;  // the owner's frees were needed: they carry events again (owner_cover_window)
       reap_owner();
       if (!policy_clean()) {
         if (const pending_event* e = owner_event()) {
@@ -1471,6 +1483,7 @@ private:
     events_pending_ = std::exchange(other.events_pending_, 0);
     owner_ = std::exchange(other.owner_, nullptr);
     shared_ = std::exchange(other.shared_, false);
+    owner_frees_unneeded_ = std::exchange(other.owner_frees_unneeded_, 0);
     capturing_ = std::exchange(other.capturing_, {});
     policy_seq_ = std::exchange(other.policy_seq_, 0);
     safe_seq_ = std::exchange(other.safe_seq_, 0);
@@ -1496,6 +1509,7 @@ private:
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
   bool shared_ = false;  ///< a second stream has used the layer
+  std::size_t owner_frees_unneeded_ = 0;  ///< owner frees since another stream last needed them (owner_cover_window)
   std::vector<cuda::stream_ref> capturing_;  ///< streams seen capturing (see refuse_host_wait_under_capture)
   std::uint64_t policy_seq_ = 0;  ///< the owner's frees into the policy, numbered (across owners)
   std::uint64_t safe_seq_ = 0;    ///< policy frees numbered up to this are known complete
