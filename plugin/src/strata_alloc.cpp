@@ -527,6 +527,15 @@ void* strata_base_alloc(void* ptr, size_t* size)
   using get_range_fn = int (*)(unsigned long long* base, std::size_t* bytes, unsigned long long address);
   static const auto get_range = strata::detail::driver_entry_point<get_range_fn>("cuMemGetAddressRange");
   if (ptr == nullptr || get_range == nullptr) return ptr;
+  // The driver call needs a current context, which a thread that made no runtime call yet lacks: bind the
+  // current device's primary context (unified addressing lets it answer for any device's pointer).
+  if (!strata::detail::context_current()) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return ptr;
+    }
+  }
   unsigned long long base = 0;
   std::size_t bytes = 0;
   if (get_range(&base, &bytes, reinterpret_cast<unsigned long long>(ptr)) != 0) return ptr;  // CUDA_SUCCESS is 0
