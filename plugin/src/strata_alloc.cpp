@@ -35,15 +35,15 @@ constexpr int max_devices = 64;
 
 /// stream_ordered's options for every stack. PyTorch's side streams (a data loader's copy stream with
 /// record_stream) mostly reuse their own frees, yet their presence made every free of the main stream record
-/// an event (bench/torch_loop_sim.cpp: 0.98 per free): past this many main-stream frees that no other stream
-/// needed, frees carry no event, and the next stream to need them waits for the device once. PyTorch
-/// announces its captures (begin_allocate_to_pool, which also makes every earlier free safe), and events stay
-/// on while a capture may be under way.
+/// an event (bench/torch_loop_sim.cpp: 0.98 per free): past owner_event_window main-stream frees (default
+/// 4096) that no other stream needed, frees carry no event, and the next stream to need them waits for the
+/// device once. PyTorch announces its captures (begin_allocate_to_pool, which also makes every earlier free
+/// safe), and events stay on while a capture may be under way.
 template <class Stack>
-typename Stack::options stream_options()
+typename Stack::options stream_options(const alloc_conf& c)
 {
   typename Stack::options o;
-  o.owner_cover_window = 4096;
+  o.owner_cover_window = c.owner_event_window;
   return o;
 }
 
@@ -188,7 +188,7 @@ void build_simulated(plugin_state& st, device_slot& s, const alloc_conf& c, int 
   mapped_pool<simulated_pages>::options opts;
   opts.max_physical = std::min(s.cap, c.sim_capacity);
   s.stack = hold(planning_pool{mapped_pool<simulated_pages>{simulated_pages{c.sim_page, c.sim_capacity}, opts},
-                               stream_options<planning_pool>(), simulated_events{*st.world}},
+                               stream_options<planning_pool>(c), simulated_events{*st.world}},
                  c, device);
   s.mutex = &st.world_mutex;
   s.simulated = true;
@@ -204,12 +204,12 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.device = device;
     o.max_physical = s.cap;
     o.peers = peers_for(c, device);
-    o.stream = stream_options<default_pool>();
+    o.stream = stream_options<default_pool>(c);
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);
     using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
-    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}}, stream_options<coalescing_stack>()}, c, device);
+    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}}, stream_options<coalescing_stack>(c)}, c, device);
   }
 }
 
