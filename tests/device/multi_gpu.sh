@@ -82,7 +82,7 @@ sanitizer=${STRATA_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cu
   /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)}
 sanitizer=${sanitizer:-compute-sanitizer}
 echo "compute-sanitizer: $sanitizer" > "$out/sanitizer.txt"
-step_limit=240 step memcheck_multi "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check full \
+step_limit=240 step memcheck_multi "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check full --report-api-errors no \
   "$build/tests/strata_gpu_tests" --no-intro -ts=multi_gpu
 step_limit=180 step memcheck_ipc_one_device env CUDA_VISIBLE_DEVICES=0 "$sanitizer" --tool memcheck --error-exitcode 1 \
   --target-processes all "$build/examples/ipc_two_processes"

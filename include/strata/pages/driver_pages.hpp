@@ -92,6 +92,18 @@ inline void driver_check(CUresult status, const char* call, std::source_location
 
 } // namespace detail
 
+namespace detail {
+/// Read and write access for one device, as cuMemSetAccess takes it (driver_pages, ipc::imported_block).
+inline CUmemAccessDesc read_write_access(int device) noexcept
+{
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return desc;
+}
+} // namespace detail
+
 /// Physical memory of one device, mapped into address ranges reserved on it, accessible from that device and
 /// the peer devices named at construction (cuMemSetAccess covers each of them: peer access enabled the
 /// runtime way does not reach memory mapped this way).
@@ -123,12 +135,12 @@ public:
                                   " is not a power-of-two multiple of device " + std::to_string(device) +
                                   "'s granularity of " + std::to_string(granularity) + " bytes");
     page_size_ = page_size;
-    access_[devices_++] = access_for(device_);
+    access_[devices_++] = detail::read_write_access(device_);
     for (int peer : peers) {
       if (peer == device_) continue;
       if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
       detail::check_peer_path("driver_pages", device_, peer);  // peer_access_error, a std::invalid_argument
-      access_[devices_++] = access_for(peer);
+      access_[devices_++] = detail::read_write_access(peer);
     }
   }
 
@@ -229,14 +241,6 @@ private:
     prop.location.id = device_;
     prop.requestedHandleTypes = handle_types_;
     return prop;
-  }
-  static CUmemAccessDesc access_for(int device) noexcept
-  {
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = device;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return desc;
   }
 
   int device_ = 0;
