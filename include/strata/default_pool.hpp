@@ -34,6 +34,7 @@ struct default_pool_options {
   std::vector<int> peers;              ///< other devices that may read and write the memory
   CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE;  ///< POSIX_FILE_DESCRIPTOR: blocks shareable through ipc/
   mapped_pool<driver_pages>::options pool{};  ///< max_physical here is replaced by the two caps above
+  default_pool::options stream{};             ///< the stream layer's (stream_ordered's) options
 };
 
 /// Builds the recommended stack for a device (a CUDA call to size the cap, none to reserve: the address ranges
@@ -51,7 +52,7 @@ inline default_pool make_default_pool(const default_pool_options& o = {})
   }
   auto opts = o.pool;
   opts.max_physical = std::min(o.max_physical, static_cast<std::size_t>(o.max_fraction * static_cast<double>(total_bytes)));
-  return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers, o.handle_types}, opts}};
+  return default_pool{mapped_pool<driver_pages>{driver_pages{device, 0, o.peers, o.handle_types}, opts}, o.stream};
 }
 
 /// per_device's factory for the recommended stack: the same options on every device, `device` replaced by the

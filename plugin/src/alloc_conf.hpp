@@ -48,6 +48,9 @@ struct alloc_conf {
   enum class peer_mode { none, all, list } peers = peer_mode::none;
   std::vector<int> peer_list;  ///< with peer_mode::list: the devices that may access each device's memory
   bool release_on_oom = true;  ///< on out-of-memory, release idle memory of the device and retry once
+  /// stream_ordered's owner_cover_window (owner_event_window=N, or =always: SIZE_MAX): after this many frees of
+  /// the main stream that no other stream needed, they carry no event (see plugin/src/strata_alloc.cpp).
+  std::size_t owner_event_window = 4096;
   // stack=simulated only: the pretend devices.
   std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
   std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
@@ -165,6 +168,14 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     parse_peers(c, key, value);
   } else if (key == "release_on_oom") {
     c.release_on_oom = parse_bool(key, value);
+  } else if (key == "owner_event_window") {
+    if (value == "always") {
+      c.owner_event_window = SIZE_MAX;
+    } else {
+      const auto n = parse_uint(value);
+      if (!n || *n < 1) refuse(key, value, "expected always or a positive number of frees (e.g. 4096)");
+      c.owner_event_window = static_cast<std::size_t>(*n);
+    }
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
@@ -178,7 +189,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
   } else {
     throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
                      std::string(value) +
-                     "); the keys are stack, limit, record, peers, release_on_oom, sim_capacity, sim_page, sim_devices");
+                     "); the keys are stack, limit, record, peers, release_on_oom, owner_event_window, sim_capacity, sim_page, "
+                     "sim_devices");
   }
 }
 

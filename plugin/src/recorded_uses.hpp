@@ -2,6 +2,7 @@
 // PyTorch's record_stream for the plug-in: a block used on streams other than the one it was allocated on
 // is not handed out again before that work is done.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <unordered_map>
 #include <utility>
@@ -16,8 +17,11 @@ namespace strata::plugin {
 /// it to the stack on its allocation stream (where stream order covers that stream's own work). This is
 /// what PyTorch's caching allocator does for record_stream, and it adds no dependency between the user's
 /// streams (making the allocation stream wait for the others would serialize compute and communication).
-/// Held blocks are polled (an event query each, oldest first) by `reap`, which the plug-in calls on every
-/// allocation; `drain` host-waits for all of them (empty_cache, out of memory).
+/// Held blocks are polled by `reap`, which the plug-in calls on every allocation, oldest first and stream by
+/// stream as PyTorch's caching allocator does: events on one stream complete in the order they were recorded,
+/// so once a stream's event is found pending, the blocks after it waiting on that stream are not asked about
+/// (a reap costs an event query per stream with work pending, plus one per block given back, not one per block
+/// held); `drain` host-waits for all of them (empty_cache, out of memory).
 /// If an event cannot be recorded (the stream is being captured, a CUDA error), the free waits on the host
 /// for each recorded stream instead; if even that fails, the block is abandoned (never reused), as
 /// stream_ordered does. Events are made once and reused (spare_events). Backend: cuda_events or simulated_events (host tests). Unsynchronized: the
@@ -51,9 +55,10 @@ public:
     recorded_.erase(it);
     std::erase(streams, home);
     if (streams.empty()) return false;
-    held h{p, bytes, home, {}};
+    held h{p, bytes, home, {}, {}};
     try {
       h.events.reserve(streams.size());
+      h.streams.reserve(streams.size());
       held_.reserve(held_.size() + 1);  // room first: nothing below may fail once the events exist
       for (cudaStream_t s : streams) {
         const event e = take_event(b);
@@ -64,6 +69,7 @@ public:
           throw;
         }
         h.events.push_back(e);
+        h.streams.push_back(s);  // reserved
       }
       held_bytes_ += bytes;
       held_.push_back(std::move(h));
@@ -81,14 +87,19 @@ public:
     return false;
   }
 
-  /// Gives back (free(p, bytes, home)) every held block whose events have all completed. Never waits.
+  /// Gives back (free(p, bytes, home)) held blocks whose events have all completed, never asking about an
+  /// event recorded on a stream after one of that stream's found pending (see the class comment); the rest
+  /// wait for a later reap. Never waits.
   template <class Free>
   void reap(Backend& b, Free&& free) noexcept
   {
+    pending_streams pending;
     for (auto it = held_.begin(); it != held_.end();) {
-      if (complete(b, *it)) {
+      if (complete(b, *it, pending)) {
         give_back(b, *it, free);
         it = held_.erase(it);
+      } else if (pending.full()) {
+        return;  // too many streams to tell apart: the rest wait, which only delays their reuse
       } else {
         ++it;
       }
@@ -133,17 +144,40 @@ private:
     std::size_t bytes;
     cudaStream_t home;
     std::vector<event> events;
+    std::vector<cudaStream_t> streams;  ///< events[i] was recorded on streams[i]
   };
 
-  bool complete(Backend& b, const held& h) noexcept
-  {
-    try {
-      for (event e : h.events)
-        if (!b.done(e)) return false;
-      return true;
-    } catch (...) {
-      return false;  // a failed query: keep it held; drain's host wait reports the error
+  /// The streams one reap found an event pending on (a few: a fixed array, so reap never allocates).
+  struct pending_streams {
+    std::array<cudaStream_t, 8> streams{};
+    std::size_t count = 0;
+    bool contains(cudaStream_t s) const noexcept { return std::find(streams.begin(), streams.begin() + count, s) != streams.begin() + count; }
+    bool full() const noexcept { return count == streams.size(); }
+    void add(cudaStream_t s) noexcept
+    {
+      if (!full() && !contains(s)) streams[count++] = s;
     }
+  };
+
+  /// Whether h's events have all completed; not asked (false) where an earlier event on the same stream is
+  /// pending. A pending or failed query marks its stream.
+  bool complete(Backend& b, const held& h, pending_streams& pending) noexcept
+  {
+    for (std::size_t i = 0; i < h.events.size(); ++i)
+      if (pending.contains(h.streams[i])) return false;
+    bool done = true;
+    for (std::size_t i = 0; i < h.events.size(); ++i) {
+      bool this_done = false;
+      try {
+        this_done = b.done(h.events[i]);
+      } catch (...) {  // a failed query: keep it held; drain's host wait reports the error
+      }
+      if (!this_done) {
+        pending.add(h.streams[i]);
+        done = false;
+      }
+    }
+    return done;
   }
 
   event take_event(Backend& b)

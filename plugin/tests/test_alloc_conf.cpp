@@ -173,3 +173,14 @@ TEST_CASE("alloc_conf: each refusal is a conf_error, a std::invalid_argument")
   CHECK_THROWS_AS(parse_alloc_conf("bogus=1"), conf_error);
   CHECK_THROWS_AS(parse_alloc_conf("limit=7"), std::invalid_argument);
 }
+
+TEST_CASE("alloc_conf: owner_event_window")
+{
+  CHECK(parse_alloc_conf("").owner_event_window == 4096);
+  CHECK(parse_alloc_conf("owner_event_window=always").owner_event_window == SIZE_MAX);
+  CHECK(parse_alloc_conf("owner_event_window=100").owner_event_window == 100);
+  for (const char* bad : {"owner_event_window=0", "owner_event_window=never", "owner_event_window=-3", "owner_event_window=1.5"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("owner_event_window"), conf_error);
+  }
+}

@@ -180,3 +180,60 @@ TEST_CASE("recorded_uses: events are reused, and destroy() gives every one back"
   CHECK(f.uses.held_blocks() == 0);
   CHECK(f.uses.spare_events() == 0);
 }
+
+TEST_CASE("recorded_uses: reap asks one event per stream with work pending, and still frees what is done")
+{
+  // Issue 15: the plug-in reaps at every allocation; asking every held block's events each time cost an event
+  // query per held block per allocation. Events on one stream complete in order, so after b's first pending
+  // event the later blocks waiting on b need no query.
+  fixture f;
+  void* q = reinterpret_cast<void*>(0x200000);
+  void* r = reinterpret_cast<void*>(0x300000);
+  f.uses.record(f.p, f.b.get());
+  f.world.launch(f.b);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  f.uses.record(q, f.b.get());
+  f.world.launch(f.b);
+  REQUIRE(f.uses.hold(f.backend, q, 512, f.a.get()));
+  f.uses.record(r, f.c.get());
+  f.world.launch(f.c);
+  REQUIRE(f.uses.hold(f.backend, r, 1024, f.a.get()));
+
+  const auto queries = f.world.calls().queries;
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.world.calls().queries == queries + 2);  // p's (pending: q is not asked) and r's
+  CHECK(f.given_back.empty());
+
+  f.world.finish(f.c);  // c's work is done, b's is not: r goes back past the blocks still waiting on b
+  f.uses.reap(f.backend, f.collector());
+  REQUIRE(f.given_back.size() == 1);
+  CHECK(f.given_back[0].p == r);
+
+  f.world.finish(f.b);
+  f.uses.reap(f.backend, f.collector());
+  REQUIRE(f.given_back.size() == 3);
+  CHECK(f.given_back[1].p == f.p);
+  CHECK(f.given_back[2].p == q);
+  CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.uses.held_bytes() == 0);
+}
+
+TEST_CASE("recorded_uses: a block recorded on a stream that is done and one that is not stays held")
+{
+  fixture f;
+  void* q = reinterpret_cast<void*>(0x200000);
+  f.uses.record(f.p, f.b.get());
+  f.uses.record(f.p, f.c.get());
+  f.world.launch(f.b);
+  f.world.launch(f.c);
+  REQUIRE(f.uses.hold(f.backend, f.p, 256, f.a.get()));
+  f.uses.record(q, f.c.get());
+  f.world.launch(f.c);
+  REQUIRE(f.uses.hold(f.backend, q, 256, f.a.get()));
+  f.world.finish(f.b);
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.empty());  // p waits for c; q (on c, recorded later) is not asked
+  f.world.finish(f.c);
+  f.uses.reap(f.backend, f.collector());
+  CHECK(f.given_back.size() == 2);
+}

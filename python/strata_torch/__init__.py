@@ -25,6 +25,7 @@ from ._stats import format_bytes
 
 __all__ = ["enable", "is_enabled", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
            "snapshot", "empty_cache", "record", "flush_record", "library_path", "validate", "hooks",
+           "oom_raises_torch_error",
            "ConfigError", "format_bytes", "peak_ratio"]
 
 DEFAULT_CONF = "stack=default"
@@ -47,6 +48,7 @@ _allocators = {}      # "process" / "pool" -> torch.cuda.memory.CUDAPluggableAll
 _wired = {}            # setter name -> symbol, for the hooks handed to PyTorch
 _hooks_library = []    # libstrata_torch_hooks.so once loaded
 _enabled_conf = None   # the configuration enable() applied (None: not enabled process-wide)
+_state = {"oom_raises_torch_error": False}   # the hooks library's out-of-memory handler is installed
 _applied_conf = None   # the last configuration applied by this module, by any function
 
 
@@ -139,7 +141,10 @@ def enable(conf=DEFAULT_CONF, require_hooks=None):
             raise RuntimeError(_too_late("CUDA is already initialized in this process"))
         _apply(conf)
         allocator = _pluggable_allocator(process_wide=True)
-        wire = None if _wired else _hooks_library_wire(require_hooks)
+        # The hooks library is loaded even where Python could set the hooks itself: it alone can make the
+        # plug-in's out-of-memory a torch.OutOfMemoryError (PyTorch turns any other C++ exception into a
+        # RuntimeError), so without it an out-of-memory would escape `except torch.OutOfMemoryError`.
+        wire = _hooks_library_wire(require_hooks, hooks_set_from_python=bool(_wired))
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
@@ -151,15 +156,19 @@ def enable(conf=DEFAULT_CONF, require_hooks=None):
             if wire() != 0:
                 raise RuntimeError(f"strata_torch: {_library.HOOKS_LIBRARY_NAME} could not set the allocator "
                                    f"hooks: {_library.load().last_error()}")
-            for setters, symbol in _HOOKS:
-                _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
+            _state["oom_raises_torch_error"] = True
+            if not _wired:
+                for setters, symbol in _HOOKS:
+                    _wired[setters[0]] = f"{symbol} (through {_library.HOOKS_LIBRARY_NAME})"
         return allocator
 
 
-def _hooks_library_wire(required):
-    """PyTorch 2.11's Python objects may not offer the set_*_fn hooks; then a small C++ library built against
-    PyTorch's headers sets them on the current allocator: returns its strata_torch_wire_hooks, loaded now (so
-    a missing or broken library fails before the allocator is swapped), to be called after the swap."""
+def _hooks_library_wire(required, hooks_set_from_python=False):
+    """The small C++ library built against PyTorch's headers: its strata_torch_wire_hooks sets the hooks on the
+    current allocator (which Python cannot where PyTorch's objects lack the set_*_fn methods) and installs the
+    plug-in's out-of-memory handler that throws c10::OutOfMemoryError. Returns that function, loaded now (so a
+    missing or broken library fails before the allocator is swapped), to be called after the swap.
+    With the hooks already set from Python, a missing library costs only the error's type: a warning."""
     lib = _library.load()
     path = _library.hooks_library_path(lib.path)
     problem = None
@@ -171,6 +180,11 @@ def _hooks_library_wire(required):
             wire = hooks_lib.strata_torch_wire_hooks
         except (OSError, AttributeError) as e:
             problem = f"{path} does not load: {e}"
+    if problem is not None and hooks_set_from_python:
+        warnings.warn(f"strata_torch: {problem}; out of memory under strata will then raise RuntimeError, not "
+                      "torch.OutOfMemoryError. Build it where PyTorch is installed (CMAKE_PREFIX_PATH="
+                      "torch.utils.cmake_prefix_path, see docs/pytorch.md)", RuntimeWarning, stacklevel=3)
+        return None
     if problem is not None:
         message = (f"strata_torch: this PyTorch does not let Python set the allocator's hooks, and {problem}. "
                    "Build it where PyTorch is installed (CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see "
@@ -195,6 +209,12 @@ def _too_late(why):
 def is_enabled():
     """True once enable() made strata this process's allocator."""
     return _enabled_conf is not None
+
+
+def oom_raises_torch_error():
+    """True once enable() installed the hooks library's handler: strata's out-of-memory then raises
+    torch.OutOfMemoryError (else a RuntimeError naming the out-of-memory)."""
+    return _state["oom_raises_torch_error"]
 
 
 def hooks():

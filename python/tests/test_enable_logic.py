@@ -2,6 +2,7 @@
 CUDAPluggableAllocator, change_current_allocator, MemPool), with the real plug-in behind them. What PyTorch
 itself then does with the allocator is checked on the device (test_torch.py, tests/device/torch/)."""
 
+import os
 import shutil
 import tempfile
 import unittest
@@ -58,20 +59,40 @@ def outcome(fn):
 """
 
 
+# A stand-in for libstrata_torch_hooks.so (which needs the real PyTorch): ctypes.CDLL of that name gives an
+# object whose strata_torch_wire_hooks() records the call and succeeds.
+FAKE_HOOKS_LIBRARY = """
+import ctypes
+_real_cdll = ctypes.CDLL
+class _Wire:
+    def __call__(self):
+        calls.append(["wire"])
+        return 0
+class _HooksLibrary:
+    def __init__(self):
+        self.strata_torch_wire_hooks = _Wire()
+ctypes.CDLL = lambda path, *a, **k: _HooksLibrary() if path.endswith("libstrata_torch_hooks.so") else _real_cdll(path, *a, **k)
+"""
+
+
 class EnableLogic(unittest.TestCase):
     def setUp(self):
         self.path = support.find_library()
         if self.path is None:
             support.skip_or_fail(self, "libstrata_alloc.so is not built")
 
-    def scenario(self, body, setters=True, initialized=False, refuse=False, env=None):
-        code = FAKE_TORCH.format(setters=setters, initialized=initialized, refuse=refuse) + body
-        path = self.path
-        if not setters:  # "no way to set the hooks": also no hooks library beside the plug-in (a build with PyTorch has one)
-            lonely = tempfile.mkdtemp(prefix="strata-no-hooks-")
-            self.addCleanup(shutil.rmtree, lonely, True)
-            path = shutil.copy(self.path, lonely)
-        rc, out, err = support.run_python(code, dict({"STRATA_ALLOC_LIBRARY": path}, **(env or {})))
+    def scenario(self, body, setters=True, initialized=False, refuse=False, env=None, hooks_library=False):
+        """body runs after FAKE_TORCH, with a copy of the plug-in alone in a directory (a build with PyTorch has
+        the real hooks library beside the plug-in, which would act on the real PyTorch). hooks_library=True puts
+        a stand-in libstrata_torch_hooks.so there whose strata_torch_wire_hooks() records ["wire"] in calls."""
+        code = FAKE_TORCH.format(setters=setters, initialized=initialized, refuse=refuse)
+        lonely = tempfile.mkdtemp(prefix="strata-no-hooks-")
+        self.addCleanup(shutil.rmtree, lonely, True)
+        path = shutil.copy(self.path, lonely)
+        if hooks_library:
+            open(os.path.join(lonely, "libstrata_torch_hooks.so"), "w").close()
+            code += FAKE_HOOKS_LIBRARY
+        rc, out, err = support.run_python(code + body, dict({"STRATA_ALLOC_LIBRARY": path}, **(env or {})))
         self.assertEqual(rc, 0, err)
         self.assertIsNotNone(out, err)
         return out
@@ -81,8 +102,12 @@ class EnableLogic(unittest.TestCase):
             "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
             "addresses = {s[0]: lib.address(sym) for s, sym in strata_torch._HOOKS}\n"
             "print(json.dumps(dict(r=r, calls=calls, hooks=strata_torch.hooks(), addresses=addresses,\n"
-            "     enabled=strata_torch.is_enabled(), throw=lib.address('strata_malloc_or_throw'))))")
-        self.assertEqual(out["r"], ["ok", []])
+            "     enabled=strata_torch.is_enabled(), oom=strata_torch.oom_raises_torch_error())))")
+        self.assertEqual(out["r"][0], "ok")
+        # Hooks set from Python, but no hooks library: out of memory cannot become torch.OutOfMemoryError.
+        self.assertEqual(len(out["r"][1]), 1, out["r"][1])
+        self.assertIn("not torch.OutOfMemoryError", out["r"][1][0])
+        self.assertFalse(out["oom"])
         self.assertEqual(out["calls"][0], ["pluggable", "strata_malloc_or_throw", "strata_free"])
         handed = {name: address for kind, name, address in (c for c in out["calls"] if c[0] == "hook")}
         self.assertEqual(handed, out["addresses"])
@@ -90,6 +115,41 @@ class EnableLogic(unittest.TestCase):
         self.assertEqual(out["calls"][-1], ["change"], "hooks must be set before the allocator is swapped in")
         self.assertEqual(set(out["hooks"]), set(handed))
         self.assertTrue(out["enabled"])
+
+    def test_hooks_library_is_wired_even_when_python_sets_the_hooks(self):
+        # The device run of issue 15: PyTorch 2.11 offers the setters to Python, the hooks library was never
+        # loaded, so its out-of-memory handler was never installed and OOM arrived as a RuntimeError.
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "print(json.dumps(dict(r=r, calls=calls, hooks=strata_torch.hooks(), oom=strata_torch.oom_raises_torch_error())))",
+            hooks_library=True)
+        self.assertEqual(out["r"], ["ok", []])
+        self.assertEqual(out["calls"][-2:], [["change"], ["wire"]], "the hooks library acts on the swapped-in allocator")
+        self.assertEqual(sum(1 for c in out["calls"] if c[0] == "hook"), 8)
+        self.assertTrue(out["oom"])
+        self.assertEqual(out["hooks"]["set_reset_fn"], "strata_reset")
+
+    def test_hooks_library_alone_sets_the_hooks_where_python_cannot(self):
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "print(json.dumps(dict(r=r, calls=calls, hooks=strata_torch.hooks(), oom=strata_torch.oom_raises_torch_error())))",
+            setters=False, hooks_library=True)
+        self.assertEqual(out["r"], ["ok", []])
+        self.assertEqual(out["calls"][-2:], [["change"], ["wire"]])
+        self.assertTrue(out["oom"])
+        self.assertEqual(len(out["hooks"]), 8)
+        self.assertIn("through libstrata_torch_hooks.so", out["hooks"]["set_reset_fn"])
+
+    def test_a_broken_hooks_library_beside_python_setters_is_a_warning(self):
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "print(json.dumps(dict(r=r, calls=calls, oom=strata_torch.oom_raises_torch_error())))",
+            env={"STRATA_TORCH_HOOKS_LIBRARY": __file__})   # exists, but is no library
+        self.assertEqual(out["r"][0], "ok")
+        self.assertEqual(len(out["r"][1]), 1, out["r"][1])
+        self.assertIn("does not load", out["r"][1][0])
+        self.assertIn(["change"], out["calls"])
+        self.assertFalse(out["oom"])
 
     def test_without_setters_or_hooks_library_nothing_changes(self):
         out = self.scenario(

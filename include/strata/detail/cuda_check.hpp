@@ -38,27 +38,6 @@ inline void cuda_check_noexcept(cudaError_t status) noexcept
   if (status != cudaSuccess) clear_last_error();
 }
 
-/// Makes `device` current for a scope and restores the previous device, so sources never change the
-/// caller's current device behind their back.
-class scoped_device {
-public:
-  explicit scoped_device(int device)
-  {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    else previous_ = -1;
-  }
-  scoped_device(const scoped_device&) = delete;
-  scoped_device& operator=(const scoped_device&) = delete;
-  ~scoped_device()
-  {
-    if (previous_ >= 0) cuda_check_noexcept(cudaSetDevice(previous_));
-  }
-
-private:
-  int previous_ = -1;
-};
-
 /// A driver function through the runtime's entry-point table (no link to libcuda, so a program without a GPU
 /// or driver still loads): F is the function's pointer type; null where the driver lacks it.
 template <class F>
@@ -73,6 +52,47 @@ F driver_entry_point(const char* name) noexcept
   }
   return reinterpret_cast<F>(symbol);
 }
+
+/// Whether the calling thread has a current CUDA context (the driver's cuCtxGetCurrent: a thread-local read).
+/// A thread that never made a runtime call has none, yet cudaGetDevice already answers 0 there, so comparing
+/// devices cannot tell; driver calls made then fail with CUDA_ERROR_INVALID_CONTEXT. Where the driver cannot
+/// be asked, true: the runtime binds the context itself on its next call.
+inline bool context_current() noexcept
+{
+  using get_current_fn = int (*)(void** context);  // cuCtxGetCurrent(CUcontext*)
+  static const auto get_current = driver_entry_point<get_current_fn>("cuCtxGetCurrent");
+  if (get_current == nullptr) return true;
+  void* context = nullptr;
+  return get_current(&context) == 0 && context != nullptr;
+}
+
+/// Makes `device` current for a scope and restores the previous device, so sources never change the
+/// caller's current device behind their back. On a thread with no current context (one that made no runtime
+/// call yet: a framework's worker thread) the device's primary context is made current and left so, as the
+/// runtime's next call would do anyway, so that driver calls in the scope find it. Cost: cudaGetDevice and a
+/// cuCtxGetCurrent when the device is already current; cudaSetDevice twice otherwise.
+class scoped_device {
+public:
+  explicit scoped_device(int device)
+  {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    } else {
+      previous_ = -1;
+      if (!context_current()) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    }
+  }
+  scoped_device(const scoped_device&) = delete;
+  scoped_device& operator=(const scoped_device&) = delete;
+  ~scoped_device()
+  {
+    if (previous_ >= 0) cuda_check_noexcept(cudaSetDevice(previous_));
+  }
+
+private:
+  int previous_ = -1;
+};
 
 inline int current_device()
 {

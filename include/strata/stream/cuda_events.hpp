@@ -127,10 +127,13 @@ struct cuda_events {
     return device;
   }
   /// The driver's cuStreamIsCapturing through the runtime's entry-point table (a fraction of the runtime's
-  /// cost: it is asked once per allocate and free), the runtime where the driver lacks it.
+  /// cost: it is asked once per allocate and free), the runtime where the driver lacks it, where the thread has
+  /// no current context yet (the driver would fail with CUDA_ERROR_INVALID_CONTEXT; the runtime binds the
+  /// current device's primary context first), or where the driver's answer is an error. Throws cuda_error when
+  /// neither can say: stream_ordered then assumes the worst.
   bool capturing(cuda::stream_ref stream) const
   {
-    if (const auto driver = detail::driver_is_capturing(); driver != nullptr) {
+    if (const auto driver = detail::driver_is_capturing(); driver != nullptr && detail::context_current()) {
       int status = 0;
       if (driver(explicit_stream(stream).get(), &status) == 0) return status != 0;  // CU_STREAM_CAPTURE_STATUS_NONE
     }

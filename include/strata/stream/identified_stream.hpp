@@ -84,13 +84,16 @@ inline cuda::stream_ref explicit_stream(cuda::stream_ref stream) noexcept
 }
 
 /// The id of a real CUDA stream, asked of the driver directly (falling back to the runtime if the driver
-/// refuses). Handle 0 is first made explicit (explicit_stream), and the identified_stream carries the
-/// explicit handle, so it means the same stream wherever it is passed.
+/// refuses or the thread has no current context). Handle 0 is first made explicit (explicit_stream), and the
+/// identified_stream carries the explicit handle, so it means the same stream wherever it is passed.
 inline identified_stream identify(cuda::stream_ref stream)
 {
   const cuda::stream_ref named = explicit_stream(stream);
   unsigned long long id = 0;
-  if (const auto driver = detail::driver_stream_id(); driver != nullptr && driver(named.get(), &id) == 0) return {named, id};
+  // Without a current context (a thread that made no runtime call yet) the driver would refuse: the runtime
+  // binds the context first.
+  if (const auto driver = detail::driver_stream_id(); driver != nullptr && detail::context_current() && driver(named.get(), &id) == 0)
+    return {named, id};
   detail::cuda_check(cudaStreamGetId(named.get(), &id), "cudaStreamGetId");
   return {named, id};
 }

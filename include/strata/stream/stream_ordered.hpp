@@ -63,7 +63,8 @@ namespace strata {
 /// wait); a synchronous deallocate that fills the set-aside batch, or a miss that would grow the policy while
 /// synchronous frees are set aside (device waits); out of memory with frees pending, and release() (event or
 /// device waits); a free whose bookkeeping cannot be kept (a host std::bad_alloc, an unknown stream: device
-/// waits); the first other stream needing the owner's earlier frees (one device wait); begin_allocate_to_pool
+/// waits); the first other stream needing the owner's earlier frees (one device wait), and, with
+/// options::owner_cover_window, the first after that many owner frees nobody needed; begin_allocate_to_pool
 /// with frees pending, and a released private pool filling the set-aside batch (device waits). A failed wait
 /// never returns blocks to the policy: they stay where they were (or, at destruction, are abandoned, counted
 /// in stats().abandoned_blocks). While a capture forbids host waits, a miss grows the policy instead of
@@ -111,6 +112,8 @@ namespace strata {
 /// this layer knows is capturing, a synchronous allocate or release() is refused (usage_error), as cudaMalloc
 /// and cudaFree are under global capture. Without a graph_backend or with `graph_pools` off, an allocation
 /// under capture throws usage_error (nothing changed) and a free under capture is abandoned (counted).
+/// A capture query that fails (the backend throws) is taken for the worst: the allocation throws it, nothing
+/// changed; a free, while a capture may be under way (a stream seen capturing, or a route), abandons its block.
 ///
 /// Streams are told apart by the backend's ids (for cuda_events, strata::identify: the driver's
 /// cuStreamGetId), so a handle reused after cudaStreamDestroy never inherits the old stream's blocks; the
@@ -144,6 +147,13 @@ public:
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
     bool check_capture = true;             ///< ask whether a stream is being captured (see the class comment)
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
+    /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
+    /// while another stream needed them within this many of the owner's frees; past it they carry none, and
+    /// the next stream to need them makes one device-wide wait instead of a cudaStreamWaitEvent (then the
+    /// events resume). SIZE_MAX: always. For loops where the other streams mostly reuse their own frees
+    /// (PyTorch's side streams with record_stream): the plug-in sets it. Events stay on while a capture may be
+    /// under way (no host wait is allowed then).
+    std::size_t owner_cover_window = SIZE_MAX;
   };
 
   /// What the layer did, for tuning and tests.
@@ -235,7 +245,9 @@ public:
     bool capturing = false;
     try {
       capturing = opts_.check_capture && captures(stream);
-    } catch (...) {  // an unknown stream: the id lookup below says so
+    } catch (...) {
+      if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
+      // No capture known: an unknown stream, which the id lookup below reports.
     }
     if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream, capturing)) return;
     if (capturing) {  // the graph may use the block whenever it is launched; asking the id would break it
@@ -260,6 +272,7 @@ public:
     try {
       capturing = opts_.check_capture && captures(stream.stream());
     } catch (...) {
+      if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
     }
     if ((capturing || !pools_.empty()) && free_in_pools(p, shape_of(bytes, alignment), stream.stream(), capturing)) return;
     if (capturing) {
@@ -621,7 +634,10 @@ private:
       // layer, and holds exactly what it would hold.
       policy_.deallocate(p, sh.request, sh.align);
       ++policy_seq_;
-      if (shared_) cover_owner(stream);
+      if (shared_) {
+        if (owner_frees_unneeded_ < opts_.owner_cover_window || capture_possible()) cover_owner(stream);
+        if (owner_frees_unneeded_ < opts_.owner_cover_window) ++owner_frees_unneeded_;
+      }
       return;
     }
     try {
@@ -971,6 +987,12 @@ private:
     }
   }
 
+  /// Whether a capture may be under way: a stream seen capturing, or a route (PyTorch announces its captures
+  /// with begin_allocate_to_pool). A free whose capture query fails then assumes the worst: its stream may be
+  /// captured, where asking its id would invalidate the capture and a block filed for reuse could be handed
+  /// out while a graph still uses it, so the block is abandoned (counted in stats().abandoned_blocks).
+  bool capture_possible() const noexcept { return !capturing_.empty() || !routes_.empty(); }
+
   bool capturing_or_unknown(cuda::stream_ref stream) noexcept
   {
     try {
@@ -1191,6 +1213,7 @@ private:
   void make_policy_safe_for(stream_state& t, cuda::stream_ref stream, bool for_host)
   {
     if (!policy_clean() && (for_host || (&t != owner_ && t.ordered_after < policy_seq_))) {
+      owner_frees_unneeded_ = 0;  // the owner's frees were needed: they carry events again (owner_cover_window)
       reap_owner();
       if (!policy_clean()) {
         if (const pending_event* e = owner_event()) {
@@ -1460,6 +1483,7 @@ private:
     events_pending_ = std::exchange(other.events_pending_, 0);
     owner_ = std::exchange(other.owner_, nullptr);
     shared_ = std::exchange(other.shared_, false);
+    owner_frees_unneeded_ = std::exchange(other.owner_frees_unneeded_, 0);
     capturing_ = std::exchange(other.capturing_, {});
     policy_seq_ = std::exchange(other.policy_seq_, 0);
     safe_seq_ = std::exchange(other.safe_seq_, 0);
@@ -1485,6 +1509,7 @@ private:
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
   bool shared_ = false;  ///< a second stream has used the layer
+  std::size_t owner_frees_unneeded_ = 0;  ///< owner frees since another stream last needed them (owner_cover_window)
   std::vector<cuda::stream_ref> capturing_;  ///< streams seen capturing (see refuse_host_wait_under_capture)
   std::uint64_t policy_seq_ = 0;  ///< the owner's frees into the policy, numbered (across owners)
   std::uint64_t safe_seq_ = 0;    ///< policy frees numbered up to this are known complete

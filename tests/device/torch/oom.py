@@ -26,7 +26,9 @@ def main():
     sys.path.insert(0, HERE)
     import models
 
-    checks, result = {}, {"conf": conf}
+    # Whether libstrata_torch_hooks.so's handler is installed (it makes strata's out-of-memory a
+    # torch.OutOfMemoryError): False here explains a RuntimeError below.
+    checks, result = {}, {"conf": conf, "oom_handler": strata_torch.oom_raises_torch_error()}
     model = models.GPT2(layers=4).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     batch, fitted, error = 1, 0, None
