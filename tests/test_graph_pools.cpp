@@ -371,6 +371,25 @@ TEST_CASE("graph pools: failures under capture change nothing and leave the laye
     r.layer.release();
     CHECK(r.policy_in_use() == 0);
   }
+  SUBCASE("a failed first allocation of a capture, then a good one: the graph is watched once")
+  {
+    rig r(4 << 20);
+    const cuda::stream_ref s = r.world.create();
+    r.world.begin_capture(s);
+    void* graph = r.world.capture_of(s).graph;
+    CHECK_THROWS_AS(r.layer.allocate_async(8 << 20, 256, s), out_of_memory);
+    CHECK(r.layer.private_pools() == 0);
+    CHECK_THROWS_AS(r.layer.allocate_async(8 << 20, 256, s), out_of_memory);
+    void* p = r.layer.allocate_async(2 << 20, 256, s);
+    CHECK(r.layer.private_pools() == 1);
+    CHECK(r.world.user_objects(graph) == 1);  // one user object: the pool is released once
+    r.layer.deallocate_async(p, 2 << 20, 256, s);
+    r.world.destroy_graph(r.world.end_capture(s));
+    r.layer.collect_released_pools();
+    CHECK(r.layer.private_pools() == 0);
+    r.layer.release();
+    CHECK(r.policy_in_use() == 0);
+  }
   SUBCASE("graph pools off: refused, nothing changed")
   {
     rig r(64 << 20, {.graph_pools = false});

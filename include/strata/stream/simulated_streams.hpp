@@ -193,6 +193,8 @@ public:
     graph_at(graph).callbacks.emplace_back(fn, arg);
   }
   void fail_user_objects(bool fail) noexcept { fail_user_objects_ = fail; }
+  /// User objects attached to a live graph (each releases once: two for one pool would release it twice).
+  std::size_t user_objects(void* graph) { return graph_at(graph).callbacks.size(); }
   std::size_t live_graphs() const noexcept { return graphs_.size(); }
 
   /// The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode).

@@ -353,8 +353,14 @@ public:
   void collect_released_pools()
   {
     if (!inbox_ || !inbox_->any()) return;
-    for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop())
+    for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop()) {
+      // The graph is gone: its id is posted once, and never watched again (capture ids are not reused).
+      if (const auto w = std::find(watched_.begin(), watched_.end(), id); w != watched_.end()) {
+        *w = watched_.back();
+        watched_.pop_back();
+      }
       if (auto* pl = pools_.find({id, true})) release_pool_blocks(*pl);
+    }
   }
   /// Private pools held (live graphs', and released ones whose blocks are not all freed yet).
   std::size_t private_pools() const noexcept { return pools_.size(); }
@@ -765,16 +771,23 @@ private:
     requires graph_backend<Backend>
   {
     auto opened = pools_.open(t.name);
-    if (opened.second && t.graph != nullptr) {
+    if (opened.second && t.graph != nullptr && !watched(t.name.id)) {
       try {
+        watched_.reserve(watched_.size() + 1);
         watch_graph(t.graph, t.name.id);
       } catch (...) {
         pools_.erase_if_empty(*opened.first);
         throw;
       }
+      watched_.push_back(t.name.id);  // capacity reserved
     }
     return opened;
   }
+
+  /// Whether the capture's graph already carries this layer's user object. A pool is forgotten when its first
+  /// allocation fails, but its user object stays on the graph: attaching another would post the id twice.
+  /// O(graphs watched and not yet destroyed).
+  bool watched(std::uint64_t id) const noexcept { return std::find(watched_.begin(), watched_.end(), id) != watched_.end(); }
 
   /// Ties a pool to the graph being captured: a user object whose destructor (a CUDA thread, no CUDA calls)
   /// posts the pool's id to the inbox. Nothing is posted if this throws.
@@ -1461,6 +1474,7 @@ private:
     owner_ = std::exchange(other.owner_, nullptr);
     shared_ = std::exchange(other.shared_, false);
     capturing_ = std::exchange(other.capturing_, {});
+    watched_ = std::exchange(other.watched_, {});
     policy_seq_ = std::exchange(other.policy_seq_, 0);
     safe_seq_ = std::exchange(other.safe_seq_, 0);
     counters_ = std::exchange(other.counters_, counters{});
@@ -1480,6 +1494,7 @@ private:
   detail::graph_pools<set_aside> pools_;
   std::vector<route> routes_;
   std::shared_ptr<detail::graph_release_inbox> inbox_;  ///< made at the first automatic pool
+  std::vector<std::uint64_t> watched_;  ///< capture ids whose graphs carry a user object not yet run
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> streams_;
   std::uint64_t last_id_ = 0;
   stream_state* last_state_ = nullptr;
