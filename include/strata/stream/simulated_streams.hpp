@@ -82,10 +82,17 @@ public:
     if (handle == 0 || stream.get() == cudaStreamLegacy) return legacy_id;
     if (stream.get() == cudaStreamPerThread) return per_thread_stream_of(std::this_thread::get_id());
     const auto it = handles_.find(handle);
+    if (it == handles_.end() && std::find(free_handles_.begin(), free_handles_.end(), handle) != free_handles_.end()) {
+      ++dead_stream_queries_;  // counted: the layer may swallow the exception, a test must not
+      throw illegal_call("simulated_streams: a destroyed stream was asked about (undefined in CUDA: it crashes)");
+    }
     if (it == handles_.end())
       throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
     return it->second;
   }
+
+  /// Calls that named a destroyed stream not yet reused (each is a crash on a real driver): tests check 0.
+  std::size_t dead_stream_queries() const noexcept { return dead_stream_queries_; }
 
   identified_stream identify(cuda::stream_ref stream) const { return {stream, id_of(stream)}; }
 
@@ -198,7 +205,12 @@ public:
   std::size_t live_graphs() const noexcept { return graphs_.size(); }
 
   /// The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode).
-  int exchange_capture_mode(int mode) noexcept { return std::exchange(thread_mode_, mode); }
+  int exchange_capture_mode(int mode) noexcept
+  {
+    ++mode_exchanges_;
+    return std::exchange(thread_mode_, mode);
+  }
+  std::size_t mode_exchanges() const noexcept { return mode_exchanges_; }
   /// A call capture calls "potentially unsafe" (cudaMalloc, cuMemCreate): illegal_call while a stream captures
   /// in global mode, or this thread's own capture in thread-local mode, unless the thread's mode is relaxed.
   /// Sources used under capture in the tests call it where the real ones would call CUDA.
@@ -377,6 +389,8 @@ private:
   int thread_mode_ = 0;
   int current_device_ = 0;
   bool fail_user_objects_ = false;
+  mutable std::size_t dead_stream_queries_ = 0;
+  std::size_t mode_exchanges_ = 0;
 };
 
 /// The event_backend over a simulated_streams world (held by pointer: the world outlives the pools using it).
