@@ -29,6 +29,7 @@ public:
     std::uint64_t ticket = 0;  ///< the stream's enqueued count when recorded: done once completed reaches it
     bool recorded = false;
     int device = 0;  ///< made on this device: the current one (make_event) or the one named (make_event_on)
+    bool captured = false;  ///< last recorded under capture: a node of the graph, not a point of any stream
   };
 
   /// What the backend was asked to do, so tests can see that work is batched and that the host never waited.
@@ -262,22 +263,32 @@ public:
     return e;
   }
   void destroy_event(std::size_t e) noexcept { free_events_.push_back(e); }
-  /// As cudaEventRecord: never on a capturing stream, and an event of one device never on another's stream.
+  /// As cudaEventRecord: an event of one device never on another's stream. On a capturing stream it is
+  /// legal, as in CUDA: captured as a graph node (counted in captured_records()); the event then marks no
+  /// point of any stream, and querying, waiting for or ordering an uncaptured stream after it is illegal_call
+  /// (cudaErrorStreamCaptureUnsupported / Isolation in CUDA) until it is recorded again outside capture.
   void record(std::size_t e, cuda::stream_ref stream)
   {
     ++calls_.records;
     const std::uint64_t id = id_of(stream);
-    if (streams_.at(id).capturing) throw illegal_call("simulated_streams: event recorded on a capturing stream");
     event_state& ev = events_.at(e);
     if (ev.device != streams_.at(id).device)
       throw illegal_call("simulated_streams: an event of device " + std::to_string(ev.device) +
                          " recorded on a stream of device " + std::to_string(streams_.at(id).device));
+    if (streams_.at(id).capturing) {
+      ++captured_records_;
+      ev = {id, 0, false, ev.device, true};
+      return;
+    }
     ev = {id, streams_.at(id).enqueued, true, ev.device};
   }
+  /// Events recorded on a capturing stream (legal; stream_ordered never does it: its tests check 0).
+  std::size_t captured_records() const noexcept { return captured_records_; }
   bool done(std::size_t e)
   {
     ++calls_.queries;
     const event_state& ev = events_.at(e);
+    refuse_captured(ev, "cudaEventQuery");
     return !ev.recorded || streams_.at(ev.stream).completed >= ev.ticket;
   }
   /// From now on every host wait fails, as after a sticky CUDA error (a kernel fault): the GPU's state is
@@ -289,12 +300,14 @@ public:
     refuse_under_capture("cudaEventSynchronize");
     ++calls_.host_waits;
     const event_state& ev = events_.at(e);
+    refuse_captured(ev, "cudaEventSynchronize");
     if (ev.recorded) complete_to(ev.stream, ev.ticket);
   }
   void order_after(cuda::stream_ref stream, std::size_t e)
   {
     ++calls_.orderings;
     const event_state& ev = events_.at(e);
+    if (ev.captured && !streams_.at(id_of(stream)).capturing) refuse_captured(ev, "cudaStreamWaitEvent");
     if (!ev.recorded) return;
     std::uint64_t& ticket = streams_.at(id_of(stream)).waits_for[ev.stream];
     ticket = std::max(ticket, ev.ticket);
@@ -345,6 +358,12 @@ private:
     for (const auto& [fn, arg] : callbacks) fn(arg);  // CUDA runs them on its own thread, later; here, now
   }
 
+  static void refuse_captured(const event_state& ev, const char* call)
+  {
+    if (ev.captured)
+      throw illegal_call(std::string("simulated_streams: ") + call + " of an event last recorded under capture");
+  }
+
   void refuse_under_capture(const char* call) const
   {
     if (fail_waits_) throw std::runtime_error(std::string("simulated_streams: ") + call + " failed (sticky error)");
@@ -390,6 +409,7 @@ private:
   int current_device_ = 0;
   bool fail_user_objects_ = false;
   mutable std::size_t dead_stream_queries_ = 0;
+  std::size_t captured_records_ = 0;
   std::size_t mode_exchanges_ = 0;
 };
 
