@@ -100,8 +100,9 @@ namespace strata {
 /// been made on its stream, is not protected). What synchronizes cannot be done under capture in any mode:
 /// a policy whose growth frees memory (coalescing_pool handing free chunks back: cudaFree) or waits for the
 /// device fails, and a pool allocation then throws usage_error with the policy unchanged (the failed call may
-/// still have invalidated the capture); mapped_pool skips its reclaim when its device wait fails, keeping the
-/// allocation, but that failed call may invalidate the capture too. Warm the pool before capturing (run the
+/// still have invalidated the capture); mapped_pool, whose reclaim waits for the device, goes on without the
+/// reclaim when the allocation fits under its max_physical anyway (the allocation succeeds), and fails it
+/// otherwise (usage_error here, the pool unchanged); either way the failed wait may invalidate the capture. Warm the pool before capturing (run the
 /// step once uncaptured). Pool blocks count as in use until released. A released pool's free blocks, and its live blocks
 /// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
 /// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
