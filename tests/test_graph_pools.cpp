@@ -371,6 +371,25 @@ TEST_CASE("graph pools: failures under capture change nothing and leave the laye
     r.layer.release();
     CHECK(r.policy_in_use() == 0);
   }
+  SUBCASE("a failed first allocation of a capture, then a good one: the graph is watched once")
+  {
+    rig r(4 << 20);
+    const cuda::stream_ref s = r.world.create();
+    r.world.begin_capture(s);
+    void* graph = r.world.capture_of(s).graph;
+    CHECK_THROWS_AS(r.layer.allocate_async(8 << 20, 256, s), out_of_memory);
+    CHECK(r.layer.private_pools() == 0);
+    CHECK_THROWS_AS(r.layer.allocate_async(8 << 20, 256, s), out_of_memory);
+    void* p = r.layer.allocate_async(2 << 20, 256, s);
+    CHECK(r.layer.private_pools() == 1);
+    CHECK(r.world.user_objects(graph) == 1);  // one user object: the pool is released once
+    r.layer.deallocate_async(p, 2 << 20, 256, s);
+    r.world.destroy_graph(r.world.end_capture(s));
+    r.layer.collect_released_pools();
+    CHECK(r.layer.private_pools() == 0);
+    r.layer.release();
+    CHECK(r.policy_in_use() == 0);
+  }
   SUBCASE("graph pools off: refused, nothing changed")
   {
     rig r(64 << 20, {.graph_pools = false});
@@ -379,6 +398,65 @@ TEST_CASE("graph pools: failures under capture change nothing and leave the laye
     CHECK_THROWS_WITH_AS(r.layer.allocate_async(4096, 256, s), doctest::Contains("no private pool can serve it"), usage_error);
     CHECK(r.layer.private_pools() == 0);
     r.world.end_capture(s);
+  }
+}
+
+TEST_CASE("graph pools: a stream destroyed after its capture is never asked about again")
+{
+  rig r;
+  const cuda::stream_ref t = r.world.create();
+  SUBCASE("its graph alive: host waits stay refused (asking is undefined); its graph's end ends that")
+  {
+    const cuda::stream_ref s = r.world.create();
+    r.world.begin_capture(s);
+    void* p = r.layer.allocate_async(4096, 256, s);
+    r.layer.deallocate_async(p, 4096, 256, s);
+    void* graph = r.world.end_capture(s);
+    r.world.destroy(s);
+    r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+    CHECK_THROWS_AS(r.layer.release(), usage_error);
+    CHECK_THROWS_AS(r.layer.allocate(4096, 256), usage_error);
+    CHECK(r.world.dead_stream_queries() == 0);
+    r.world.destroy_graph(graph);
+    r.layer.collect_released_pools();
+    r.layer.release();
+    CHECK(r.policy_in_use() == 0);
+  }
+  SUBCASE("a call on the live stream after its capture forgets it: no more mode exchanges, host waits allowed")
+  {
+    const cuda::stream_ref s = r.world.create();
+    r.world.begin_capture(s);
+    void* p = r.layer.allocate_async(4096, 256, s);
+    r.layer.deallocate_async(p, 4096, 256, s);
+    void* graph = r.world.end_capture(s);
+    r.layer.deallocate_async(r.layer.allocate_async(1 << 16, 256, s), 1 << 16, 256, s);  // seen not capturing
+    r.world.destroy(s);
+    const std::size_t exchanges = r.world.mode_exchanges();
+    r.layer.deallocate_async(r.layer.allocate_async(3 << 20, 256, t), 3 << 20, 256, t);  // the policy grows
+    CHECK(r.world.mode_exchanges() == exchanges);
+    r.layer.release();  // no capture known: allowed while the graph lives
+    CHECK(r.world.dead_stream_queries() == 0);
+    r.world.destroy_graph(graph);
+    r.layer.release();
+    CHECK(r.policy_in_use() == 0);
+  }
+  SUBCASE("explicit mode: the route's end (after the capture's) forgets it")
+  {
+    const cuda::stream_ref s = r.world.create();
+    r.layer.begin_allocate_to_pool(7);
+    r.world.begin_capture(s);
+    void* p = r.layer.allocate_async(4096, 256, s);
+    r.layer.deallocate_async(p, 4096, 256, s);
+    void* graph = r.world.end_capture(s);
+    r.world.destroy(s);
+    CHECK_THROWS_AS(r.layer.release(), usage_error);
+    r.layer.end_allocate_to_pool(7);
+    r.layer.release();
+    CHECK(r.world.dead_stream_queries() == 0);
+    r.world.destroy_graph(graph);
+    r.layer.release_pool(7);
+    r.layer.release();
+    CHECK(r.policy_in_use() == 0);
   }
 }
 
@@ -450,6 +528,10 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
   };
   std::map<std::uint64_t, graph> graphs;        // by capture id, while the graph or an exec lives
   std::map<std::size_t, std::uint64_t> active;  // capturing stream -> capture id
+  // Ended captures the layer may still think going on: no call on their stream since, their graph alive (the
+  // layer never asks a stream outside a call on it, so host waits stay refused for them).
+  std::map<std::size_t, std::uint64_t> unseen_ends;
+  std::size_t stale_refusals = 0;
   std::vector<block> live;
   testing::live_set overlap;
   std::size_t served = 0, captured_allocations = 0, in_graph_frees = 0, graph_ends = 0, replays = 0, refusals = 0;
@@ -487,10 +569,12 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
         ++refusals;
         continue;
       } catch (const usage_error&) {  // a host wait needed while another stream captures: refused, not made
-        REQUIRE(!active.empty());
+        REQUIRE((!active.empty() || !unseen_ends.empty()));
         ++refusals;
+        unseen_ends.erase(si);
         continue;
       }
+      unseen_ends.erase(si);
       ++served;
       REQUIRE(overlap.add({p, bytes, 256}));
       REQUIRE_FALSE(held_by_other_graph(p, bytes, cap));
@@ -519,6 +603,7 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
         r.world.launch(streams[si]);
       }
       r.layer.deallocate_async(b.p, b.bytes, 256, streams[si]);
+      unseen_ends.erase(si);
     } else if (what < 80) {  // a capture begins on one of two streams
       const std::size_t si = 2 + pick(2);
       if (active.contains(si)) continue;
@@ -539,6 +624,7 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
       const auto it = std::next(active.begin(), static_cast<std::ptrdiff_t>(pick(active.size())));
       graph& g = graphs[it->second];
       g.handle = r.world.end_capture(streams[it->first]);
+      unseen_ends[it->first] = it->second;
       if (percent(rng) < 70) {
         g.exec = r.world.instantiate(g.handle);
         g.exec_alive = true;
@@ -564,19 +650,29 @@ TEST_CASE("graph pools: randomized captures, replays, frees and graph ends keep 
         }
       }
       for (const std::uint64_t id : ended) {
+        std::erase_if(unseen_ends, [id](const auto& e) { return e.second == id; });
         graphs.erase(id);  // its blocks may go to anyone from the layer's next call on
         ++graph_ends;
       }
     } else if (what < 97) {
       r.world.finish(streams[pick(streams.size())]);
-    } else if (active.empty()) {
+    } else if (active.empty() && unseen_ends.empty()) {
       r.layer.release();
+    } else if (active.empty()) {  // only ended captures whose streams were not seen since: refused, nothing asked
+      r.layer.collect_released_pools();  // what release() does first
+      const std::size_t before = r.in_use();
+      CHECK_THROWS_AS(r.layer.release(), usage_error);
+      CHECK(r.in_use() == before);
+      ++stale_refusals;
     }
     check_usage();
   }
   MESSAGE("served " << served << " (" << captured_allocations << " under capture), in-graph frees " << in_graph_frees
                     << ", graph ends " << graph_ends << ", replays " << replays << ", refusals " << refusals
                     << ", pool hits " << r.layer.stats().pool_hits << ", adoptions " << r.layer.stats().pool_adoptions);
+  CHECK(r.world.dead_stream_queries() == 0);
+  CHECK(r.world.captured_records() == 0);  // legal in CUDA, but the layer never records for a capturing stream
+  CHECK(stale_refusals > 0);
   CHECK(served > 5000);
   CHECK(captured_allocations > 1000);
   CHECK(in_graph_frees > 500);

@@ -22,7 +22,11 @@ namespace strata::plugin {
 /// so once a stream's event is found pending, the blocks after it waiting on that stream are not asked about
 /// (a reap costs an event query per stream with work pending, plus one per block given back, not one per block
 /// held); `drain` host-waits for all of them (empty_cache, out of memory).
-/// If an event cannot be recorded (the stream is being captured, a CUDA error), the free waits on the host
+/// Under capture nothing is held: a free on a capturing stream is not held at all (false: the caller's
+/// stream_ordered files it in the capture's private pool, which the graph keeps); a free on an uncaptured
+/// stream of a block recorded on a capturing one abandons it (never reused: its use is in the graph, replayed
+/// at every launch; an event there would be a node of the user's graph that can never be queried, and a host
+/// wait is illegal during capture). If an event cannot be recorded (a CUDA error), the free waits on the host
 /// for each recorded stream instead; if even that fails, the block is abandoned (never reused), as
 /// stream_ordered does. Events are made once and reused (spare_events). Backend: cuda_events or simulated_events (host tests). Unsynchronized: the
 /// plug-in calls it under the device's lock. Cost: record O(recorded streams of the block), a free of an
@@ -55,6 +59,15 @@ public:
     recorded_.erase(it);
     std::erase(streams, home);
     if (streams.empty()) return false;
+    switch (capture_state(b, home, streams)) {
+    case capture::home:
+      return false;
+    case capture::recorded:
+      ++abandoned_;
+      return true;
+    case capture::none:
+      break;
+    }
     held h{p, bytes, home, {}, {}};
     try {
       h.events.reserve(streams.size());
@@ -139,6 +152,26 @@ public:
   std::size_t spare_events() const noexcept { return spare_.size(); }
 
 private:
+  enum class capture { none, home, recorded };
+
+  /// Whether the freeing stream, else one of the recorded streams, is being captured. The recorded streams
+  /// are the user's (record_stream's contract keeps them alive until the free); one the driver cannot answer
+  /// for counts as not capturing, and then fails the event record below like any CUDA error.
+  static capture capture_state(Backend& b, cudaStream_t home, const std::vector<cudaStream_t>& streams) noexcept
+  {
+    const auto capturing = [&b](cudaStream_t s) noexcept {
+      try {
+        return b.capturing(cuda::stream_ref{s});
+      } catch (...) {
+        return false;
+      }
+    };
+    if (capturing(home)) return capture::home;
+    for (cudaStream_t s : streams)
+      if (capturing(s)) return capture::recorded;
+    return capture::none;
+  }
+
   struct held {
     void* p;
     std::size_t bytes;

@@ -132,19 +132,37 @@ TEST_CASE("recorded_uses: a failed drain keeps the block held, never given back 
   CHECK(f.given_back.size() == 1);
 }
 
-TEST_CASE("recorded_uses: a stream being captured gets no event: the free waits for it on the host instead")
+TEST_CASE("recorded_uses: under capture nothing is held and no event is recorded")
 {
   fixture f;
   f.uses.record(f.p, f.b.get());
   f.world.launch(f.b);
   f.world.begin_capture(f.b);
-  // Recording on a capturing stream is illegal: the fallback host wait is illegal too while it captures,
-  // so the block is abandoned, never reused.
+  // Recorded on a capturing stream, freed on an uncaptured one: its use is in the graph, replayed at every
+  // launch. An event there would be a node of the user's graph (legal, but never queryable), a host wait is
+  // illegal: abandoned, never reused.
   CHECK(f.uses.hold(f.backend, f.p, 256, f.a.get()));
   CHECK(f.uses.abandoned_blocks() == 1);
   CHECK(f.uses.held_blocks() == 0);
+  CHECK(f.world.captured_records() == 0);
+  CHECK(f.world.calls().host_waits == 0);
   CHECK(f.world.live_events() == f.uses.spare_events());
   f.world.end_capture(f.b);
+
+  // Freed on a capturing stream: not held (false), so the caller's stream_ordered files it in the capture's
+  // private pool; nothing recorded, nothing waited for, nothing abandoned.
+  fixture h;
+  h.uses.record(h.p, h.b.get());
+  h.world.launch(h.b);
+  h.world.begin_capture(h.a);
+  CHECK(!h.uses.hold(h.backend, h.p, 256, h.a.get()));
+  CHECK(!h.uses.recorded(h.p));
+  CHECK(h.uses.held_blocks() == 0);
+  CHECK(h.uses.abandoned_blocks() == 0);
+  CHECK(h.world.captured_records() == 0);
+  CHECK(h.world.calls().records == 0);
+  CHECK(h.world.calls().host_waits == 0);
+  h.world.end_capture(h.a);
 
   // A stream destroyed before the free: neither an event nor a wait is possible; abandoned as well.
   fixture g;

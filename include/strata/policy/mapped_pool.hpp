@@ -519,7 +519,17 @@ private:
   {
     const std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
     const std::size_t budget = std::min(opts_.max_physical, std::max(high_water_, with_slack(live_after)));
-    if (physical_ + needed > budget && idle_elsewhere > 0) reclaim(&bd, first, last, physical_ + needed - budget);
+    if (physical_ + needed > budget && idle_elsewhere > 0) {
+      // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
+      // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
+      // reclaim. Only a reclaim that the cap needs makes the allocation fail.
+      const bool for_cap = physical_ + needed > opts_.max_physical;
+      try {
+        reclaim(&bd, first, last, physical_ + needed - budget);
+      } catch (...) {
+        if (for_cap) throw;
+      }
+    }
     if (physical_ + needed > opts_.max_physical)
       throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
     const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page_size());

@@ -29,6 +29,7 @@ public:
     std::uint64_t ticket = 0;  ///< the stream's enqueued count when recorded: done once completed reaches it
     bool recorded = false;
     int device = 0;  ///< made on this device: the current one (make_event) or the one named (make_event_on)
+    bool captured = false;  ///< last recorded under capture: a node of the graph, not a point of any stream
   };
 
   /// What the backend was asked to do, so tests can see that work is batched and that the host never waited.
@@ -82,10 +83,17 @@ public:
     if (handle == 0 || stream.get() == cudaStreamLegacy) return legacy_id;
     if (stream.get() == cudaStreamPerThread) return per_thread_stream_of(std::this_thread::get_id());
     const auto it = handles_.find(handle);
+    if (it == handles_.end() && std::find(free_handles_.begin(), free_handles_.end(), handle) != free_handles_.end()) {
+      ++dead_stream_queries_;  // counted: the layer may swallow the exception, a test must not
+      throw illegal_call("simulated_streams: a destroyed stream was asked about (undefined in CUDA: it crashes)");
+    }
     if (it == handles_.end())
       throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
     return it->second;
   }
+
+  /// Calls that named a destroyed stream not yet reused (each is a crash on a real driver): tests check 0.
+  std::size_t dead_stream_queries() const noexcept { return dead_stream_queries_; }
 
   identified_stream identify(cuda::stream_ref stream) const { return {stream, id_of(stream)}; }
 
@@ -193,10 +201,17 @@ public:
     graph_at(graph).callbacks.emplace_back(fn, arg);
   }
   void fail_user_objects(bool fail) noexcept { fail_user_objects_ = fail; }
+  /// User objects attached to a live graph (each releases once: two for one pool would release it twice).
+  std::size_t user_objects(void* graph) { return graph_at(graph).callbacks.size(); }
   std::size_t live_graphs() const noexcept { return graphs_.size(); }
 
   /// The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode).
-  int exchange_capture_mode(int mode) noexcept { return std::exchange(thread_mode_, mode); }
+  int exchange_capture_mode(int mode) noexcept
+  {
+    ++mode_exchanges_;
+    return std::exchange(thread_mode_, mode);
+  }
+  std::size_t mode_exchanges() const noexcept { return mode_exchanges_; }
   /// A call capture calls "potentially unsafe" (cudaMalloc, cuMemCreate): illegal_call while a stream captures
   /// in global mode, or this thread's own capture in thread-local mode, unless the thread's mode is relaxed.
   /// Sources used under capture in the tests call it where the real ones would call CUDA.
@@ -248,22 +263,32 @@ public:
     return e;
   }
   void destroy_event(std::size_t e) noexcept { free_events_.push_back(e); }
-  /// As cudaEventRecord: never on a capturing stream, and an event of one device never on another's stream.
+  /// As cudaEventRecord: an event of one device never on another's stream. On a capturing stream it is
+  /// legal, as in CUDA: captured as a graph node (counted in captured_records()); the event then marks no
+  /// point of any stream, and querying, waiting for or ordering an uncaptured stream after it is illegal_call
+  /// (cudaErrorStreamCaptureUnsupported / Isolation in CUDA) until it is recorded again outside capture.
   void record(std::size_t e, cuda::stream_ref stream)
   {
     ++calls_.records;
     const std::uint64_t id = id_of(stream);
-    if (streams_.at(id).capturing) throw illegal_call("simulated_streams: event recorded on a capturing stream");
     event_state& ev = events_.at(e);
     if (ev.device != streams_.at(id).device)
       throw illegal_call("simulated_streams: an event of device " + std::to_string(ev.device) +
                          " recorded on a stream of device " + std::to_string(streams_.at(id).device));
+    if (streams_.at(id).capturing) {
+      ++captured_records_;
+      ev = {id, 0, false, ev.device, true};
+      return;
+    }
     ev = {id, streams_.at(id).enqueued, true, ev.device};
   }
+  /// Events recorded on a capturing stream (legal; stream_ordered never does it: its tests check 0).
+  std::size_t captured_records() const noexcept { return captured_records_; }
   bool done(std::size_t e)
   {
     ++calls_.queries;
     const event_state& ev = events_.at(e);
+    refuse_captured(ev, "cudaEventQuery");
     return !ev.recorded || streams_.at(ev.stream).completed >= ev.ticket;
   }
   /// From now on every host wait fails, as after a sticky CUDA error (a kernel fault): the GPU's state is
@@ -275,12 +300,14 @@ public:
     refuse_under_capture("cudaEventSynchronize");
     ++calls_.host_waits;
     const event_state& ev = events_.at(e);
+    refuse_captured(ev, "cudaEventSynchronize");
     if (ev.recorded) complete_to(ev.stream, ev.ticket);
   }
   void order_after(cuda::stream_ref stream, std::size_t e)
   {
     ++calls_.orderings;
     const event_state& ev = events_.at(e);
+    if (ev.captured && !streams_.at(id_of(stream)).capturing) refuse_captured(ev, "cudaStreamWaitEvent");
     if (!ev.recorded) return;
     std::uint64_t& ticket = streams_.at(id_of(stream)).waits_for[ev.stream];
     ticket = std::max(ticket, ev.ticket);
@@ -331,6 +358,12 @@ private:
     for (const auto& [fn, arg] : callbacks) fn(arg);  // CUDA runs them on its own thread, later; here, now
   }
 
+  static void refuse_captured(const event_state& ev, const char* call)
+  {
+    if (ev.captured)
+      throw illegal_call(std::string("simulated_streams: ") + call + " of an event last recorded under capture");
+  }
+
   void refuse_under_capture(const char* call) const
   {
     if (fail_waits_) throw std::runtime_error(std::string("simulated_streams: ") + call + " failed (sticky error)");
@@ -375,6 +408,9 @@ private:
   int thread_mode_ = 0;
   int current_device_ = 0;
   bool fail_user_objects_ = false;
+  mutable std::size_t dead_stream_queries_ = 0;
+  std::size_t captured_records_ = 0;
+  std::size_t mode_exchanges_ = 0;
 };
 
 /// The event_backend over a simulated_streams world (held by pointer: the world outlives the pools using it).

@@ -101,16 +101,19 @@ namespace strata {
 /// been made on its stream, is not protected). What synchronizes cannot be done under capture in any mode:
 /// a policy whose growth frees memory (coalescing_pool handing free chunks back: cudaFree) or waits for the
 /// device fails, and a pool allocation then throws usage_error with the policy unchanged (the failed call may
-/// still have invalidated the capture); mapped_pool skips its reclaim when its device wait fails, keeping the
-/// allocation, but that failed call may invalidate the capture too. Warm the pool before capturing (run the
+/// still have invalidated the capture); mapped_pool, whose reclaim waits for the device, goes on without the
+/// reclaim when the allocation fits under its max_physical anyway (the allocation succeeds), and fails it
+/// otherwise (usage_error here, the pool unchanged); either way the failed wait may invalidate the capture. Warm the pool before capturing (run the
 /// step once uncaptured). Pool blocks count as in use until released. A released pool's free blocks, and its live blocks
 /// as they are freed, return as synchronous frees do (set aside until a device-wide wait): whatever launch or
 /// stream used them last is then complete. Nothing freed before a capture is waited for during it (no host
 /// wait is legal then): launch a graph after the work that preceded its capture, or ordered after it (as
 /// PyTorch does: it synchronizes before capturing; begin_allocate_to_pool waits for this layer's pending
-/// frees). No host wait, event record or event query is made on behalf of a capturing stream; while a stream
-/// this layer knows is capturing, a synchronous allocate or release() is refused (usage_error), as cudaMalloc
-/// and cudaFree are under global capture. Without a graph_backend or with `graph_pools` off, an allocation
+/// frees). No host wait, event record or event query is made on behalf of a capturing stream; while a capture
+/// this layer has seen may still be going on, a synchronous allocate or release() is refused (usage_error), as
+/// cudaMalloc and cudaFree are under global capture. A stream is asked about only during a call on it (it may
+/// be destroyed later), so a capture counts as ended only once a call on its stream sees it so, its graph is
+/// destroyed, or (explicit mode) its route ends: see refuse_host_wait_under_capture. Without a graph_backend or with `graph_pools` off, an allocation
 /// under capture throws usage_error (nothing changed) and a free under capture is abandoned (counted).
 /// A capture query that fails (the backend throws) is taken for the worst: the allocation throws it, nothing
 /// changed; a free, while a capture may be under way (a stream seen capturing, or a route), abandons its block.
@@ -348,6 +351,8 @@ public:
   /// Stops routing to `pool` (its newest route); the pool keeps its blocks for its graphs.
   void end_allocate_to_pool(std::uint64_t pool)
   {
+    // PyTorch ends a route after cudaStreamEndCapture: the captures routed to the pool have ended.
+    std::erase_if(capturing_, [pool](const seen_capture& c) { return c.routed && c.route == pool; });
     for (auto it = routes_.rbegin(); it != routes_.rend(); ++it)
       if (it->pool == pool) {
         routes_.erase(std::next(it).base());
@@ -366,8 +371,16 @@ public:
   void collect_released_pools()
   {
     if (!inbox_ || !inbox_->any()) return;
-    for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop())
+    for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop()) {
+      // The graph is gone: its id is posted once, and never watched again (capture ids are not reused).
+      if (const auto w = std::find(watched_.begin(), watched_.end(), id); w != watched_.end()) {
+        *w = watched_.back();
+        watched_.pop_back();
+      }
+      // A destroyed graph's capture has ended: its streams are no longer known capturing.
+      std::erase_if(capturing_, [id](const seen_capture& c) { return c.id_known && c.id == id; });
       if (auto* pl = pools_.find({id, true})) release_pool_blocks(*pl);
+    }
   }
   /// Private pools held (live graphs', and released ones whose blocks are not all freed yet).
   std::size_t private_pools() const noexcept { return pools_.size(); }
@@ -744,11 +757,13 @@ private:
       if (!in_capture) return pool_target{{it->pool, false}, {0, backend_.id_of(stream)}, nullptr, false};
       const capture_info info = backend_.capture_of(stream);
       if (!info.active) return std::nullopt;  // implicitly captured (a default stream): no capture of its own
+      note_capture(stream, &info, &it->pool);
       return pool_target{{it->pool, false}, captured_tag(detail::pool_name{it->pool, false}, info.id, stream), nullptr, true};
     }
     if (!capturing || !opts_.graph_pools) return std::nullopt;
     const capture_info info = backend_.capture_of(stream);
     if (!info.active) return std::nullopt;
+    note_capture(stream, &info);
     return pool_target{{info.id, true}, captured_tag(detail::pool_name{info.id, true}, info.id, stream), info.graph, true};
   }
 
@@ -781,16 +796,23 @@ private:
     requires graph_backend<Backend>
   {
     auto opened = pools_.open(t.name);
-    if (opened.second && t.graph != nullptr) {
+    if (opened.second && t.graph != nullptr && !watched(t.name.id)) {
       try {
+        watched_.reserve(watched_.size() + 1);
         watch_graph(t.graph, t.name.id);
       } catch (...) {
         pools_.erase_if_empty(*opened.first);
         throw;
       }
+      watched_.push_back(t.name.id);  // capacity reserved
     }
     return opened;
   }
+
+  /// Whether the capture's graph already carries this layer's user object. A pool is forgotten when its first
+  /// allocation fails, but its user object stays on the graph: attaching another would post the id twice.
+  /// O(graphs watched and not yet destroyed).
+  bool watched(std::uint64_t id) const noexcept { return std::find(watched_.begin(), watched_.end(), id) != watched_.end(); }
 
   /// Ties a pool to the graph being captured: a user object whose destructor (a CUDA thread, no CUDA calls)
   /// posts the pool's id to the inbox. Nothing is posted if this throws.
@@ -1002,22 +1024,42 @@ private:
     }
   }
 
-  /// Whether a stream a call was just made on is being captured; a capturing stream is remembered, so that
-  /// host waits are refused until it is seen capturing no more.
+  /// Whether a stream a call was just made on (so a live one) is being captured. A capturing stream is
+  /// remembered; one seen not capturing is forgotten (see refuse_host_wait_under_capture for the rule).
   bool captures(cuda::stream_ref stream)
   {
     const bool capturing = backend_.capturing(stream);
-    if (capturing) note_capture(stream);
+    if (capturing)
+      note_capture(stream);
+    else if (!capturing_.empty())
+      std::erase_if(capturing_, [stream](const seen_capture& c) { return c.stream == stream; });
     return capturing;
   }
 
-  void note_capture(cuda::stream_ref stream) noexcept
+  /// Remembers a stream of the current call as capturing, with its capture's id (`known`, else asked now:
+  /// the stream is live, and cudaStreamGetCaptureInfo is legal under capture) and the explicit pool routed to.
+  void note_capture(cuda::stream_ref stream, const capture_info* known = nullptr, const std::uint64_t* route = nullptr) noexcept
   {
-    if (std::find(capturing_.begin(), capturing_.end(), stream) != capturing_.end()) return;
-    try {
-      capturing_.push_back(stream);
-    } catch (...) {  // not remembered: a host wait then fails in the driver instead of being refused
+    auto it = std::find_if(capturing_.begin(), capturing_.end(), [stream](const seen_capture& c) { return c.stream == stream; });
+    if (it == capturing_.end()) {
+      try {
+        capturing_.push_back({stream});
+      } catch (...) {  // not remembered: a host wait then fails in the driver instead of being refused
+        return;
+      }
+      it = std::prev(capturing_.end());
+      if constexpr (graph_backend<Backend>) {
+        if (known == nullptr) {
+          try {
+            const capture_info info = backend_.capture_of(stream);
+            if (info.active) it->id = info.id, it->id_known = true;
+          } catch (...) {  // no id: kept until a call on the stream sees it capturing no more
+          }
+        }
+      }
     }
+    if (known != nullptr && known->active) it->id = known->id, it->id_known = true;  // a new capture on this stream
+    if (route != nullptr) it->route = *route, it->routed = true;
   }
 
   [[noreturn]] static void refuse_capture(const char* what)
@@ -1028,23 +1070,21 @@ private:
   }
 
   /// Host waits are illegal while a stream captures in global mode (and would hang a graph's dependencies).
-  /// Asked: the streams this layer has seen capturing (until they are seen capturing no more) and the legacy
-  /// stream (it answers "implicitly captured" during a global-mode capture). Never every handle the layer has
-  /// seen: those may belong to streams destroyed since, and asking the driver about a destroyed stream is
-  /// undefined (it crashes on current drivers).
+  /// The rule: the layer never asks the driver about a stream handle outside a call on that stream, since the
+  /// stream may have been destroyed since (asking about a destroyed stream is undefined: it crashes current
+  /// drivers). So a host wait is refused while a capture the layer has seen may still be going on, i.e. while
+  /// `capturing_` holds an entry, and while the legacy stream (never destroyed, so always safe to ask) answers
+  /// "implicitly captured" (a blocking stream captures). An entry, made when a call on its stream sees it
+  /// capturing, goes only on safe evidence that its capture ended: a later call on the same handle sees it not
+  /// capturing; the capture's graph is destroyed (its automatic pool's user object ran); or, in explicit mode,
+  /// end_allocate_to_pool ends the route its capture used (PyTorch ends routes after cudaStreamEndCapture). A
+  /// stream destroyed after its capture, with its graph alive, therefore keeps host waits refused until that
+  /// graph is destroyed: refusing is safe, asking is not. Callers with a stream ask about it themselves.
   void refuse_host_wait_under_capture()
   {
     if (!opts_.check_capture) return;
-    for (std::size_t i = 0; i < capturing_.size();) {
-      bool still = true;
-      try {
-        still = backend_.capturing(capturing_[i]);
-      } catch (...) {
-      }
-      if (still) refuse_capture("a host wait was needed");
-      capturing_[i] = capturing_.back();
-      capturing_.pop_back();
-    }
+    std::erase_if(capturing_, [](const seen_capture& c) { return c.stream.get() == cudaStreamLegacy || c.stream.get() == nullptr; });
+    if (!capturing_.empty()) refuse_capture("a host wait was needed");
     if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
   }
 
@@ -1485,6 +1525,7 @@ private:
     shared_ = std::exchange(other.shared_, false);
     owner_frees_unneeded_ = std::exchange(other.owner_frees_unneeded_, 0);
     capturing_ = std::exchange(other.capturing_, {});
+    watched_ = std::exchange(other.watched_, {});
     policy_seq_ = std::exchange(other.policy_seq_, 0);
     safe_seq_ = std::exchange(other.safe_seq_, 0);
     counters_ = std::exchange(other.counters_, counters{});
@@ -1504,13 +1545,22 @@ private:
   detail::graph_pools<set_aside> pools_;
   std::vector<route> routes_;
   std::shared_ptr<detail::graph_release_inbox> inbox_;  ///< made at the first automatic pool
+  std::vector<std::uint64_t> watched_;  ///< capture ids whose graphs carry a user object not yet run
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> streams_;
   std::uint64_t last_id_ = 0;
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
   bool shared_ = false;  ///< a second stream has used the layer
   std::size_t owner_frees_unneeded_ = 0;  ///< owner frees since another stream last needed them (owner_cover_window)
-  std::vector<cuda::stream_ref> capturing_;  ///< streams seen capturing (see refuse_host_wait_under_capture)
+  /// A stream seen capturing in a call on it, never asked about again (see refuse_host_wait_under_capture).
+  struct seen_capture {
+    cuda::stream_ref stream;
+    std::uint64_t id = 0;     ///< its capture's id, when the backend could tell
+    std::uint64_t route = 0;  ///< the explicit pool its capture was routed to
+    bool id_known = false;
+    bool routed = false;
+  };
+  std::vector<seen_capture> capturing_;  ///< captures that may still be going on
   std::uint64_t policy_seq_ = 0;  ///< the owner's frees into the policy, numbered (across owners)
   std::uint64_t safe_seq_ = 0;    ///< policy frees numbered up to this are known complete
   std::deque<pending_event> owner_events_;
