@@ -754,3 +754,44 @@ TEST_CASE("graph pools need a graph_backend: without one, capture is refused as 
   static_assert(!routes_to_pools<decltype(layer)>);
   static_assert(routes_to_pools<layer_t>);
 }
+
+TEST_CASE("graph pools: with check_capture off, streams are asked about capture only while a capture is announced")
+{
+  rig r(std::size_t{64} << 20, {.check_capture = false});
+  const cuda::stream_ref s = r.world.create(), t = r.world.create();
+  void* before_capture = r.layer.allocate_async(4096, 256, s);
+  int served = 0;
+  for (int i = 0; i < 100; ++i) {
+    for (auto st : {s, t}) {
+      void* p = r.layer.allocate_async(8192, 256, st);
+      served += p != nullptr;
+      r.layer.deallocate_async(p, 8192, 256, st);
+    }
+  }
+  CHECK(served == 200);
+  CHECK(r.world.capture_queries() == 0);  // nothing announced: no call asks
+
+  // Announced (PyTorch's capture_begin): every call asks again, and the capture is served as with checks on.
+  r.layer.begin_allocate_to_pool(3);
+  r.world.begin_capture(s);
+  void* in_graph = r.layer.allocate_async(1 << 20, 256, s);
+  CHECK(r.layer.pool_blocks(3) == 1);
+  r.layer.deallocate_async(before_capture, 4096, 256, s);  // a block from outside, freed under capture: joins pool 3
+  CHECK(r.layer.pool_blocks(3) == 2);
+  CHECK(r.layer.stats().pool_adoptions == 1);
+  CHECK_THROWS_AS(r.layer.release(), usage_error);  // no host wait while the capture goes on
+  CHECK(r.world.capture_queries() >= 2);
+  r.layer.deallocate_async(in_graph, 1 << 20, 256, s);
+  void* graph = r.world.end_capture(s);
+  r.layer.end_allocate_to_pool(3);
+  r.world.destroy_graph(graph);
+  r.layer.release_pool(3);
+  // A call on s sees its capture ended; then nothing is asked any more.
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s), 4096, 256, s);
+  const std::uint64_t asked = r.world.capture_queries();
+  for (int i = 0; i < 10; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+  CHECK(r.world.capture_queries() == asked);
+  CHECK(r.layer.private_pools() == 0);
+  r.layer.release();
+  CHECK(r.policy_in_use() == 0);
+}

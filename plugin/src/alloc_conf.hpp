@@ -51,6 +51,17 @@ struct alloc_conf {
   /// stream_ordered's owner_cover_window (owner_event_window=N, or =always: SIZE_MAX): after this many frees of
   /// the main stream that no other stream needed, they carry no event (see plugin/src/strata_alloc.cpp).
   std::size_t owner_event_window = 4096;
+  /// capture_check=announced (default): streams are asked whether they are being captured only while PyTorch
+  /// has announced a capture (begin_allocate_to_pool), as its own allocator does; =always: at every call (a
+  /// driver call each, for captures PyTorch does not know of).
+  bool capture_check_always = false;
+  /// stack=default: reclaim=high_water (default: idle mappings go back only when the pool would otherwise
+  /// rise past its high-water mark) or never (only at the cap, empty_cache or out of memory).
+  bool reclaim_never = false;
+  /// stack=default: reclaim_slack=F (a share of the live bytes, 0 to 1): idle mappings go back only once the
+  /// pool holds more than its live bytes by this share (mapped_pool's reclaim_slack_fraction). Each reclaim is
+  /// a device-wide wait on the host; some slack lets a training loop settle without one per step.
+  double reclaim_slack = 0.0;
   // stack=simulated only: the pretend devices.
   std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
   std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
@@ -176,6 +187,18 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
       if (!n || *n < 1) refuse(key, value, "expected always or a positive number of frees (e.g. 4096)");
       c.owner_event_window = static_cast<std::size_t>(*n);
     }
+  } else if (key == "capture_check") {
+    if (value == "always") c.capture_check_always = true;
+    else if (value == "announced") c.capture_check_always = false;
+    else refuse(key, value, "expected announced or always");
+  } else if (key == "reclaim") {
+    if (value == "never") c.reclaim_never = true;
+    else if (value == "high_water") c.reclaim_never = false;
+    else refuse(key, value, "expected high_water or never");
+  } else if (key == "reclaim_slack") {
+    const auto f = parse_double(value);
+    if (!f || *f < 0.0 || *f > 1.0) refuse(key, value, "expected a share of the live bytes from 0 to 1 (e.g. 0.02)");
+    c.reclaim_slack = *f;
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
@@ -189,8 +212,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
   } else {
     throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
                      std::string(value) +
-                     "); the keys are stack, limit, record, peers, release_on_oom, owner_event_window, sim_capacity, sim_page, "
-                     "sim_devices");
+                     "); the keys are stack, limit, record, peers, release_on_oom, owner_event_window, capture_check, "
+                     "reclaim, reclaim_slack, sim_capacity, sim_page, sim_devices");
   }
 }
 

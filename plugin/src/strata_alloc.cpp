@@ -38,12 +38,14 @@ constexpr int max_devices = 64;
 /// an event (bench/torch_loop_sim.cpp: 0.98 per free): past owner_event_window main-stream frees (default
 /// 4096) that no other stream needed, frees carry no event, and the next stream to need them waits for the
 /// device once. PyTorch announces its captures (begin_allocate_to_pool, which also makes every earlier free
-/// safe), and events stay on while a capture may be under way.
+/// safe), and events stay on while a capture may be under way; streams are asked about capture only then
+/// (capture_check=announced), not at every call.
 template <class Stack>
 typename Stack::options stream_options(const alloc_conf& c)
 {
   typename Stack::options o;
   o.owner_cover_window = c.owner_event_window;
+  o.check_capture = c.capture_check_always;
   return o;
 }
 
@@ -205,6 +207,8 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.max_physical = s.cap;
     o.peers = peers_for(c, device);
     o.stream = stream_options<default_pool>(c);
+    if (c.reclaim_never) o.pool.reclaim_slack = SIZE_MAX;
+    o.pool.reclaim_slack_fraction = c.reclaim_slack;
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);

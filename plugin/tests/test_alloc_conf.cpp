@@ -184,3 +184,31 @@ TEST_CASE("alloc_conf: owner_event_window")
     CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("owner_event_window"), conf_error);
   }
 }
+
+TEST_CASE("alloc_conf: capture_check")
+{
+  CHECK_FALSE(parse_alloc_conf("").capture_check_always);
+  CHECK(parse_alloc_conf("capture_check=always").capture_check_always);
+  for (const char* bad : {"capture_check=", "capture_check=never", "capture_check=1"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("capture_check"), conf_error);
+  }
+}
+
+TEST_CASE("alloc_conf: reclaim")
+{
+  CHECK_FALSE(parse_alloc_conf("").reclaim_never);
+  CHECK(parse_alloc_conf("reclaim=never").reclaim_never);
+  CHECK_FALSE(parse_alloc_conf("reclaim=high_water").reclaim_never);
+  CHECK_THROWS_WITH_AS(parse_alloc_conf("reclaim=sometimes"), doctest::Contains("reclaim"), conf_error);
+}
+
+TEST_CASE("alloc_conf: reclaim_slack")
+{
+  CHECK(parse_alloc_conf("").reclaim_slack == 0.0);
+  CHECK(parse_alloc_conf("reclaim_slack=0.02").reclaim_slack == doctest::Approx(0.02));
+  for (const char* bad : {"reclaim_slack=-0.1", "reclaim_slack=2", "reclaim_slack=lots"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("reclaim_slack"), conf_error);
+  }
+}

@@ -158,6 +158,13 @@ public:
     return ended.graph;
   }
   bool capturing(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capturing; }
+  /// The layer asking whether a stream is being captured (counted: a driver call each on a real GPU).
+  bool query_capture(cuda::stream_ref stream) const
+  {
+    ++capture_queries_;
+    return capturing(stream);
+  }
+  std::uint64_t capture_queries() const noexcept { return capture_queries_; }
   capture_info capture_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capture; }
 
   /// cudaGraphInstantiate: the executable graph holds the graph's user objects too.
@@ -409,6 +416,7 @@ private:
   int current_device_ = 0;
   bool fail_user_objects_ = false;
   mutable std::size_t dead_stream_queries_ = 0;
+  mutable std::uint64_t capture_queries_ = 0;
   std::size_t captured_records_ = 0;
   std::size_t mode_exchanges_ = 0;
 };
@@ -436,7 +444,7 @@ public:
   void wait_stream(cuda::stream_ref stream) { world_->wait_stream(stream); }
   void wait_device(int device) { world_->wait_device(device); }
   int device_of(cuda::stream_ref stream) const { return world_->device_of(stream); }
-  bool capturing(cuda::stream_ref stream) const { return world_->capturing(stream); }
+  bool capturing(cuda::stream_ref stream) const { return world_->query_capture(stream); }
   capture_info capture_of(cuda::stream_ref stream) const { return world_->capture_of(stream); }
   void call_when_graph_destroyed(void* graph, graph_release_fn fn, void* arg) { world_->call_when_graph_destroyed(graph, fn, arg); }
   int exchange_capture_mode(int mode) noexcept { return world_->exchange_capture_mode(mode); }

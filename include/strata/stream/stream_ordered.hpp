@@ -148,7 +148,12 @@ public:
     std::size_t frees_per_event = 8;
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
-    bool check_capture = true;             ///< ask whether a stream is being captured (see the class comment)
+    /// Ask at every allocate and free whether the stream is being captured (see the class comment). Off: ask
+    /// only while a capture may be under way (a route is open, or a capture was seen and not yet known
+    /// ended), as PyTorch's caching allocator does; then a capture must be announced with
+    /// begin_allocate_to_pool before it allocates or frees through this layer (PyTorch's torch.cuda.graph
+    /// does; the plug-in's default), else its allocations are served as if uncaptured.
+    bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
     /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
     /// while another stream needed them within this many of the owner's frees; past it they carry none, and
@@ -224,7 +229,7 @@ public:
   /// the capture; what it allocates is its graph's private pool's, which nobody else gets anyway).
   void share(cuda::stream_ref stream)
   {
-    if (opts_.check_capture && captures(stream)) return;
+    if (checks_capture() && captures(stream)) return;
     (void)state_of(backend_.id_of(stream), stream);
   }
 
@@ -247,7 +252,7 @@ public:
     std::uint64_t id = 0;
     bool capturing = false;
     try {
-      capturing = opts_.check_capture && captures(stream);
+      capturing = checks_capture() && captures(stream);
     } catch (...) {
       if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
       // No capture known: an unknown stream, which the id lookup below reports.
@@ -273,7 +278,7 @@ public:
     collect_released_pools_noexcept();
     bool capturing = false;
     try {
-      capturing = opts_.check_capture && captures(stream.stream());
+      capturing = checks_capture() && captures(stream.stream());
     } catch (...) {
       if (capture_possible()) return abandon(shape_of(bytes, alignment));  // see capture_possible()
     }
@@ -438,7 +443,7 @@ public:
   /// capture's id (top bit set, so it is no stream's id).
   std::uint64_t stream_id(cuda::stream_ref stream) const
   {
-    if (opts_.check_capture && backend_.capturing(stream)) {
+    if (checks_capture() && backend_.capturing(stream)) {
       for (const auto& [id, st] : streams_)
         if (st->handle.get() == stream.get()) return id;
       if constexpr (graph_backend<Backend>) return (std::uint64_t{1} << 63) | backend_.capture_of(stream).id;
@@ -629,7 +634,7 @@ private:
                      bool capture_checked = false) noexcept
   {
     const shape sh = shape_of(bytes, alignment);
-    if (opts_.check_capture && !capture_checked && capturing_or_unknown(stream)) {
+    if (checks_capture() && !capture_checked && capturing_or_unknown(stream)) {
       abandon(sh);
       return;
     }
@@ -731,8 +736,8 @@ private:
   /// allocation under capture that cannot be served so (usage_error, nothing changed).
   bool routed(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, void*& out)
   {
-    if (!opts_.check_capture && routes_.empty()) return false;
-    const bool capturing = opts_.check_capture && captures(stream);
+    if (!checks_capture()) return false;
+    const bool capturing = captures(stream);
     if (!capturing && routes_.empty()) return false;
     if constexpr (graph_backend<Backend>) {
       if (const std::optional<pool_target> t = target_for(stream, capturing)) {
@@ -749,8 +754,7 @@ private:
   std::optional<pool_target> target_for(cuda::stream_ref stream, bool capturing)
     requires graph_backend<Backend>
   {
-    // With check_capture off the caller did not ask; a route still needs to know.
-    const bool in_capture = routes_.empty() ? capturing : (opts_.check_capture ? capturing : backend_.capturing(stream));
+    const bool in_capture = capturing;  // the caller asked (checks_capture() holds while a route is open)
     if (in_capture) note_capture(stream);  // so that the policy grows in relaxed mode, and host waits are refused
     for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
       if (!(it->filter ? it->filter(stream.get()) : in_capture)) continue;
@@ -1001,7 +1005,7 @@ private:
     } catch (const std::exception&) {
       bool capturing = false;
       try {
-        capturing = opts_.check_capture && captures(stream);
+        capturing = checks_capture() && captures(stream);
       } catch (...) {  // not even that: an unknown stream, reported as the lookup's own error
       }
       if (capturing) refuse_capture("an allocation asked for its stream");
@@ -1014,6 +1018,11 @@ private:
   /// captured, where asking its id would invalidate the capture and a block filed for reuse could be handed
   /// out while a graph still uses it, so the block is abandoned (counted in stats().abandoned_blocks).
   bool capture_possible() const noexcept { return !capturing_.empty() || !routes_.empty(); }
+
+  /// Whether streams are asked about capture now: always with options::check_capture; without it, only while
+  /// a capture may be under way (announced by a route, as all of PyTorch's are), which is when PyTorch's
+  /// caching allocator asks too.
+  bool checks_capture() const noexcept { return opts_.check_capture || capture_possible(); }
 
   bool capturing_or_unknown(cuda::stream_ref stream) noexcept
   {
@@ -1082,7 +1091,7 @@ private:
   /// graph is destroyed: refusing is safe, asking is not. Callers with a stream ask about it themselves.
   void refuse_host_wait_under_capture()
   {
-    if (!opts_.check_capture) return;
+    if (!checks_capture()) return;
     std::erase_if(capturing_, [](const seen_capture& c) { return c.stream.get() == cudaStreamLegacy || c.stream.get() == nullptr; });
     if (!capturing_.empty()) refuse_capture("a host wait was needed");
     if (capturing_or_unknown(cuda::stream_ref{cudaStreamLegacy})) refuse_capture("a host wait was needed");
@@ -1177,7 +1186,7 @@ private:
   {
     if (s.uncovered_blocks == 0) return;
     reap(s);
-    if (opts_.check_capture && captures(stream)) refuse_capture("an event was needed");
+    if (checks_capture() && captures(stream)) refuse_capture("an event was needed");
     record_into(s.events, stream, s.next_seq, s.device);
     s.covered_seq = s.next_seq;
     s.uncovered_blocks = 0;
@@ -1324,7 +1333,7 @@ private:
   /// merge before the policy is asked; set-aside synchronous frees are waited for before the policy grows.
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host, bool capture_checked)
   {
-    if (opts_.check_capture && !capture_checked && captures(stream)) refuse_capture("an allocation missed its stream's cache");
+    if (checks_capture() && !capture_checked && captures(stream)) refuse_capture("an allocation missed its stream's cache");
     ++counters_.misses;
     // The owner alone with the policy (one stream, nothing pending, nothing cached or set aside): nothing to
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.

@@ -58,12 +58,15 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(99)
     side = torch.cuda.Stream()
+    use_side = os.environ.get("STRATA_TEST_SIDE_STREAM", "1") != "0"
     main_stream = torch.cuda.current_stream()
 
     def fetch(step):
         """Copy a batch on the side stream; the main stream waits for it and record_stream keeps the
         side-stream allocation alive until the main stream's work with it is done."""
         x, y = (t.pin_memory() for t in make_batch(gen, step))
+        if not use_side:   # diagnosis only (STRATA_TEST_SIDE_STREAM=0): the copy on the main stream
+            return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.cuda.stream(side):
             xd, yd = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         main_stream.wait_stream(side)
