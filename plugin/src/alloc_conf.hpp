@@ -62,6 +62,10 @@ struct alloc_conf {
   /// pool holds more than its live bytes by this share (mapped_pool's reclaim_slack_fraction). Each reclaim is
   /// a device-wide wait on the host; some slack lets a training loop settle without one per step.
   double reclaim_slack = 0.0;
+  /// stack=default: reclaim_headroom=F (0 to 1; mapped_pool's reclaim_headroom_fraction): after a reclaim that
+  /// kept the pool at its high-water mark, the mark rises by this share, so a training loop stops waiting for
+  /// the device at its peak every step.
+  double reclaim_headroom = 0.0;
   // stack=simulated only: the pretend devices.
   std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
   std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
@@ -199,6 +203,10 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     const auto f = parse_double(value);
     if (!f || *f < 0.0 || *f > 1.0) refuse(key, value, "expected a share of the live bytes from 0 to 1 (e.g. 0.02)");
     c.reclaim_slack = *f;
+  } else if (key == "reclaim_headroom") {
+    const auto f = parse_double(value);
+    if (!f || *f < 0.0 || *f > 1.0) refuse(key, value, "expected a share of the high-water mark from 0 to 1 (e.g. 0.0625)");
+    c.reclaim_headroom = *f;
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
@@ -213,7 +221,7 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
                      std::string(value) +
                      "); the keys are stack, limit, record, peers, release_on_oom, owner_event_window, capture_check, "
-                     "reclaim, reclaim_slack, sim_capacity, sim_page, sim_devices");
+                     "reclaim, reclaim_slack, reclaim_headroom, sim_capacity, sim_page, sim_devices");
   }
 }
 

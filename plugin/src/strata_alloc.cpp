@@ -209,6 +209,7 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.stream = stream_options<default_pool>(c);
     if (c.reclaim_never) o.pool.reclaim_slack = SIZE_MAX;
     o.pool.reclaim_slack_fraction = c.reclaim_slack;
+    o.pool.reclaim_headroom_fraction = c.reclaim_headroom;
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);
