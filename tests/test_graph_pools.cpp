@@ -405,13 +405,16 @@ TEST_CASE("graph pools: a stream destroyed after its capture is never asked abou
 {
   rig r;
   const cuda::stream_ref t = r.world.create();
-  SUBCASE("its graph alive: host waits stay refused (asking is undefined); its graph's end ends that")
-  {
-    const cuda::stream_ref s = r.world.create();
+  const auto capture_a_step = [&r](cuda::stream_ref s) {  // one block allocated and freed inside the capture
     r.world.begin_capture(s);
     void* p = r.layer.allocate_async(4096, 256, s);
     r.layer.deallocate_async(p, 4096, 256, s);
-    void* graph = r.world.end_capture(s);
+    return r.world.end_capture(s);
+  };
+  SUBCASE("its graph alive: host waits stay refused (asking is undefined); its graph's end ends that")
+  {
+    const cuda::stream_ref s = r.world.create();
+    void* graph = capture_a_step(s);
     r.world.destroy(s);
     r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
     CHECK_THROWS_AS(r.layer.release(), usage_error);
@@ -425,10 +428,7 @@ TEST_CASE("graph pools: a stream destroyed after its capture is never asked abou
   SUBCASE("a call on the live stream after its capture forgets it: no more mode exchanges, host waits allowed")
   {
     const cuda::stream_ref s = r.world.create();
-    r.world.begin_capture(s);
-    void* p = r.layer.allocate_async(4096, 256, s);
-    r.layer.deallocate_async(p, 4096, 256, s);
-    void* graph = r.world.end_capture(s);
+    void* graph = capture_a_step(s);
     r.layer.deallocate_async(r.layer.allocate_async(1 << 16, 256, s), 1 << 16, 256, s);  // seen not capturing
     r.world.destroy(s);
     const std::size_t exchanges = r.world.mode_exchanges();
@@ -444,10 +444,7 @@ TEST_CASE("graph pools: a stream destroyed after its capture is never asked abou
   {
     const cuda::stream_ref s = r.world.create();
     r.layer.begin_allocate_to_pool(7);
-    r.world.begin_capture(s);
-    void* p = r.layer.allocate_async(4096, 256, s);
-    r.layer.deallocate_async(p, 4096, 256, s);
-    void* graph = r.world.end_capture(s);
+    void* graph = capture_a_step(s);
     r.world.destroy(s);
     CHECK_THROWS_AS(r.layer.release(), usage_error);
     r.layer.end_allocate_to_pool(7);

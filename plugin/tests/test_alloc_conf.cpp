@@ -212,3 +212,13 @@ TEST_CASE("alloc_conf: reclaim_slack")
     CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("reclaim_slack"), conf_error);
   }
 }
+
+TEST_CASE("alloc_conf: reclaim_headroom")
+{
+  CHECK(parse_alloc_conf("").reclaim_headroom == 0.0);
+  CHECK(parse_alloc_conf("reclaim_headroom=0.0625").reclaim_headroom == doctest::Approx(0.0625));
+  for (const char* bad : {"reclaim_headroom=-1", "reclaim_headroom=1.5", "reclaim_headroom=much"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("reclaim_headroom"), conf_error);
+  }
+}
