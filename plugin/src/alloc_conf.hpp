@@ -166,6 +166,14 @@ inline bool parse_bool(std::string_view key, std::string_view value)
   refuse(key, value, "expected true or false");
 }
 
+/// A share in [0, 1]; `what` completes "expected a share ..." in the refusal.
+inline double parse_share(std::string_view key, std::string_view value, std::string_view what)
+{
+  const auto f = parse_double(value);
+  if (!f || !(*f >= 0.0 && *f <= 1.0)) refuse(key, value, "expected a share " + std::string(what));
+  return *f;
+}
+
 inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
 {
   if (key == "stack") {
@@ -200,13 +208,9 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     else if (value == "high_water") c.reclaim_never = false;
     else refuse(key, value, "expected high_water or never");
   } else if (key == "reclaim_slack") {
-    const auto f = parse_double(value);
-    if (!f || *f < 0.0 || *f > 1.0) refuse(key, value, "expected a share of the live bytes from 0 to 1 (e.g. 0.02)");
-    c.reclaim_slack = *f;
+    c.reclaim_slack = parse_share(key, value, "of the live bytes from 0 to 1 (e.g. 0.02)");
   } else if (key == "reclaim_headroom") {
-    const auto f = parse_double(value);
-    if (!f || *f < 0.0 || *f > 1.0) refuse(key, value, "expected a share of the high-water mark from 0 to 1 (e.g. 0.0625)");
-    c.reclaim_headroom = *f;
+    c.reclaim_headroom = parse_share(key, value, "of the high-water mark from 0 to 1 (e.g. 0.0625)");
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");

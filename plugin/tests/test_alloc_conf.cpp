@@ -203,22 +203,21 @@ TEST_CASE("alloc_conf: reclaim")
   CHECK_THROWS_WITH_AS(parse_alloc_conf("reclaim=sometimes"), doctest::Contains("reclaim"), conf_error);
 }
 
-TEST_CASE("alloc_conf: reclaim_slack")
+TEST_CASE("alloc_conf: the share keys reclaim_slack and reclaim_headroom")
 {
-  CHECK(parse_alloc_conf("").reclaim_slack == 0.0);
-  CHECK(parse_alloc_conf("reclaim_slack=0.02").reclaim_slack == doctest::Approx(0.02));
-  for (const char* bad : {"reclaim_slack=-0.1", "reclaim_slack=2", "reclaim_slack=lots"}) {
-    CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("reclaim_slack"), conf_error);
-  }
-}
-
-TEST_CASE("alloc_conf: reclaim_headroom")
-{
-  CHECK(parse_alloc_conf("").reclaim_headroom == 0.0);
-  CHECK(parse_alloc_conf("reclaim_headroom=0.0625").reclaim_headroom == doctest::Approx(0.0625));
-  for (const char* bad : {"reclaim_headroom=-1", "reclaim_headroom=1.5", "reclaim_headroom=much"}) {
-    CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("reclaim_headroom"), conf_error);
+  struct share_key {
+    const char* key;
+    double alloc_conf::*field;
+  };
+  for (const share_key k : {share_key{"reclaim_slack", &alloc_conf::reclaim_slack}, share_key{"reclaim_headroom", &alloc_conf::reclaim_headroom}}) {
+    CAPTURE(k.key);
+    const std::string key = k.key;
+    CHECK(parse_alloc_conf("").*k.field == 0.0);
+    CHECK(parse_alloc_conf(key + "=0.0625").*k.field == doctest::Approx(0.0625));
+    CHECK(parse_alloc_conf(key + "=1").*k.field == 1.0);
+    for (const char* bad : {"-0.1", "-1", "1.5", "2", "lots", "much", ""}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(parse_alloc_conf(key + "=" + bad), doctest::Contains(k.key), conf_error);
+    }
   }
 }
