@@ -627,6 +627,13 @@ std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
      strata_stack<so_size_class>([](counted_device& u) { return std::make_unique<so_size_class>(size_class_pool<ref_t>(ref_t(u))); })},
     {"strata default_pool", owned_stack<strata::default_pool>([] { return std::make_unique<strata::default_pool>(strata::make_default_pool()); },
                                                               [](const strata::default_pool& p) { return p.policy().physical_bytes(); })},
+    {"strata default_pool (relocate idle: the plug-in's default)", owned_stack<strata::default_pool>(
+                                                                      [] {
+                                                                        strata::default_pool_options o;
+                                                                        o.pool.relocate_idle = true;
+                                                                        return std::make_unique<strata::default_pool>(strata::make_default_pool(o));
+                                                                      },
+                                                                      [](const strata::default_pool& p) { return p.policy().physical_bytes(); })},
     {"strata mapped_pool", owned_stack<strata::mapped_pool<strata::driver_pages>>(
                              [] { return std::make_unique<strata::mapped_pool<strata::driver_pages>>(); },
                              [](const strata::mapped_pool<strata::driver_pages>& p) { return p.physical_bytes(); })},

@@ -27,7 +27,7 @@ void check_against_device(const pool_t& pool, const testing::live_set& live)
   const simulated_pages& device = pool.backend();
   REQUIRE(pool.physical_bytes() == device.bytes_alive());
   REQUIRE(pool.usage().reserved == device.bytes_alive());
-  REQUIRE(device.bytes_mapped() == device.bytes_alive());  // nothing physical sits unmapped
+  REQUIRE(device.bytes_mapped() == device.bytes_alive() + pool.stale_bytes());  // nothing physical sits unmapped; aliases only where relocations left them
   REQUIRE(pool.idle_bytes() <= pool.physical_bytes());
   for (const auto& b : live.blocks()) REQUIRE(device.is_usable(reinterpret_cast<std::uintptr_t>(b.p), b.bytes));
 }
@@ -67,8 +67,11 @@ TEST_CASE("mapped_pool conforms")
 TEST_CASE("mapped_pool: randomized, every live byte on mapped memory, usage exact, everything back at the end")
 {
   // The defaults, then mappings that always reach ahead and split often (runs of 2-8 pages).
+  // Last, relocation with a small stale limit, so stale ranges are unmapped and given back often.
   const pool_t::options eager{.max_mapping = 16 * mib, .min_mapping = 12 * mib, .min_mapping_fraction = 1.0};
-  for (const auto& [log_uniform, opts] : {std::pair{true, pool_t::options{}}, std::pair{false, pool_t::options{}}, std::pair{true, eager}}) {
+  const pool_t::options moving{.relocate_idle = true, .stale_address_limit = 256 * mib};
+  for (const auto& [log_uniform, opts] : {std::pair{true, pool_t::options{}}, std::pair{false, pool_t::options{}}, std::pair{true, eager},
+                                          std::pair{false, moving}}) {
     CAPTURE(log_uniform);
     CAPTURE(opts.min_mapping);
     pool_t pool{simulated_pages{}, opts};
@@ -95,6 +98,11 @@ TEST_CASE("mapped_pool: randomized, every live byte on mapped memory, usage exac
     }
     CHECK(allocations > 9'000);
     CHECK(pool.page_calls().creates > 0);
+    if (opts.relocate_idle) {
+      MESSAGE("relocations " << pool.relocations() << ", device waits " << pool.page_calls().synchronizes);
+      CHECK(pool.relocations() > 10);
+      CHECK(pool.page_calls().synchronizes > 0);  // the stale limit was reached
+    }
     while (live.size() > 0) {
       const auto b = live.take(0);
       pool.deallocate(b.p, b.bytes, b.alignment);
@@ -110,7 +118,7 @@ TEST_CASE("mapped_pool: randomized, every live byte on mapped memory, usage exac
 
 TEST_CASE("mapped_pool: physical memory follows the live blocks, not the address range's high-water mark")
 {
-  pool_t pool{simulated_pages{}, {.small_limit = mib, .reclaim_slack = 0, .reclaim_slack_fraction = 0.0}};
+  pool_t pool{simulated_pages{}, {.small_limit = mib, .reclaim_slack = 0, .reclaim_slack_fraction = 0.0, .relocate_idle = false}};
   void* a = pool.allocate(8 * mib);
   void* b = pool.allocate(8 * mib);
   CHECK(pool.physical_bytes() == 16 * mib);
@@ -135,7 +143,7 @@ TEST_CASE("mapped_pool: physical memory follows the live blocks, not the address
 
 TEST_CASE("mapped_pool: idle memory goes back only to keep the pool under its high-water mark; release() lowers the mark")
 {
-  pool_t pool{simulated_pages{}, {.min_mapping = 0}};
+  pool_t pool{simulated_pages{}, {.min_mapping = 0, .relocate_idle = false}};
   void* a = pool.allocate(16 * mib);
   void* b = pool.allocate(16 * mib);
   pool.deallocate(a, 16 * mib);
@@ -236,17 +244,23 @@ TEST_CASE("mapped_pool: the physical cap is out_of_memory naming the pool, with 
 
 TEST_CASE("mapped_pool: at the cap, a request too large gives idle memory back and fails cleanly")
 {
-  pool_t pool{simulated_pages{}, {.max_physical = 64 * mib, .reclaim_slack = 64 * mib}};
-  std::vector<void*> blocks;
-  for (int i = 0; i < 6; ++i) blocks.push_back(pool.allocate(10 * mib));
-  pool.deallocate(blocks.front(), 10 * mib);  // a hole no 40 MiB block fits in
-  blocks.erase(blocks.begin());
-  CHECK(pool.idle_bytes() == 10 * mib);
-  const pool_figures at_cap = figures_of(pool);
-  CHECK_THROWS_AS((void)pool.allocate(40 * mib), out_of_memory);
-  check_unchanged_but_idle(at_cap, pool);
-  CHECK(pool.physical_bytes() == 50 * mib);
-  for (void* b : blocks) pool.deallocate(b, 10 * mib);
+  for (const bool relocate : {false, true}) {
+    CAPTURE(relocate);
+    pool_t pool{simulated_pages{}, {.max_physical = 64 * mib, .reclaim_slack = 64 * mib, .relocate_idle = relocate}};
+    std::vector<void*> blocks;
+    for (int i = 0; i < 6; ++i) blocks.push_back(pool.allocate(10 * mib));
+    pool.deallocate(blocks.front(), 10 * mib);  // a hole no 40 MiB block fits in
+    blocks.erase(blocks.begin());
+    CHECK(pool.idle_bytes() == 10 * mib);
+    const pool_figures at_cap = figures_of(pool);
+    CHECK_THROWS_AS((void)pool.allocate(40 * mib), out_of_memory);
+    check_unchanged_but_idle(at_cap, pool);
+    // Relocating the idle 10 MiB to the request's place leaves nothing else to reclaim: moved back, all kept.
+    CHECK(pool.physical_bytes() == (relocate ? 60 : 50) * mib);
+    CHECK(pool.relocations() == 0);
+    CHECK(pool.stale_bytes() == 0);
+    for (void* b : blocks) pool.deallocate(b, 10 * mib);
+  }
 }
 
 TEST_CASE("mapped_pool: a full device is out_of_memory with nothing changed")
@@ -268,7 +282,7 @@ TEST_CASE("mapped_pool: a failed device wait in a reclaim fails the allocation o
   // after one device wait, which fails here.
   for (const std::size_t cap : {SIZE_MAX, 40 * mib}) {
     CAPTURE(cap);
-    pool_t pool{simulated_pages{}, {.max_physical = cap, .min_mapping = 0}};
+    pool_t pool{simulated_pages{}, {.max_physical = cap, .min_mapping = 0, .relocate_idle = false}};
     void* a = pool.allocate(16 * mib);
     void* b = pool.allocate(16 * mib);
     pool.deallocate(a, 16 * mib);
@@ -296,12 +310,14 @@ TEST_CASE("mapped_pool: a failed device wait in a reclaim fails the allocation o
 TEST_CASE("mapped_pool: a failed driver call anywhere leaves the pool exactly as it was")
 {
   for (const op which : {op::create, op::map, op::set_access, op::unmap, op::synchronize}) {
-    for (std::uint64_t after = 0; after < 6; ++after) {
+    for (std::uint64_t after = 0; after < 12; ++after) {
+      const bool relocate = after >= 6;
       CAPTURE(static_cast<int>(which));
       CAPTURE(after);
-      pool_t pool{simulated_pages{}, {.reclaim_slack = 0, .reclaim_slack_fraction = 0.0}};
-      pool.backend().fail_after(which, after);
-      std::mt19937_64 rng(after);
+      pool_t pool{simulated_pages{}, {.reclaim_slack = 0, .reclaim_slack_fraction = 0.0, .relocate_idle = relocate,
+                                      .stale_address_limit = 64 * mib}};
+      pool.backend().fail_after(which, after % 6);
+      std::mt19937_64 rng(after % 6);
       testing::live_set live;
       int failures = 0, successes = 0;
       for (int step = 0; step < 400; ++step) {
@@ -401,8 +417,8 @@ TEST_CASE("mapped_pool: reclaim headroom lets a training-like loop settle instea
     std::size_t peak_physical, peak_live;
     int served;
   };
-  const auto run = [](double headroom) {
-    pool_t pool{simulated_pages{}, {.reclaim_headroom_fraction = headroom}};
+  const auto run = [](double headroom, bool relocate) {
+    pool_t pool{simulated_pages{}, {.reclaim_headroom_fraction = headroom, .relocate_idle = relocate}};
     std::mt19937 rng(7);
     testing::live_set all;  // overlap checks
     std::vector<testing::live_block> keep, step;
@@ -442,7 +458,7 @@ TEST_CASE("mapped_pool: reclaim headroom lets a training-like loop settle instea
     CHECK(pool.backend().bytes_alive() == 0);
     return o;
   };
-  const outcome none = run(0.0), some = run(1.0 / 16);
+  const outcome none = run(0.0, false), some = run(1.0 / 16, false), moved = run(0.0, true);
   MESSAGE("device waits (first/second 100 steps) without headroom " << none.waits_first_half << "/" << none.waits_second_half
           << ", with 1/16: " << some.waits_first_half << "/" << some.waits_second_half << "; peak physical / peak live "
           << double(none.peak_physical) / double(none.peak_live) << " vs " << double(some.peak_physical) / double(some.peak_live));
@@ -452,5 +468,107 @@ TEST_CASE("mapped_pool: reclaim headroom lets a training-like loop settle instea
   CHECK(some.waits_second_half == 0);      // ...and settles with it
   CHECK(some.waits_first_half < none.waits_first_half);
   CHECK(some.peak_physical <= none.peak_physical + none.peak_physical / 10);  // for at most a tenth more memory
+  // Relocating idle memory instead of reclaiming it needs no wait at all, for a little more memory.
+  MESSAGE("relocating: waits " << moved.waits_first_half << "/" << moved.waits_second_half << ", peak physical / peak live "
+          << double(moved.peak_physical) / double(moved.peak_live));
+  CHECK(moved.served == none.served);
+  CHECK(moved.waits_first_half + moved.waits_second_half == 0);
+  CHECK(moved.peak_physical <= none.peak_physical + none.peak_physical / 20);  // for at most a twentieth more memory
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_headroom_fraction = 1.5}), std::invalid_argument);
+}
+
+TEST_CASE("mapped_pool: relocation maps idle memory where it is needed, with no wait and no new memory")
+{
+  pool_t pool{simulated_pages{}, {.small_limit = mib, .min_mapping = 0, .relocate_idle = true}};
+  void* a = pool.allocate(8 * mib);
+  void* b = pool.allocate(8 * mib);
+  pool.deallocate(a, 8 * mib);
+  const std::size_t creates = pool.page_calls().creates;
+  // 16 MiB fits no hole and would lift the pool above its mark: a's idle 8 MiB is mapped again at the new
+  // block's place (its old range stays mapped and out of use), and only the other 8 MiB is new memory.
+  void* c = pool.allocate(16 * mib);
+  CHECK(pool.relocations() == 1);
+  CHECK(pool.page_calls().synchronizes == 0);
+  CHECK(pool.page_calls().unmaps == 0);
+  CHECK(pool.page_calls().creates == creates + 1);
+  CHECK(pool.physical_bytes() == 24 * mib);
+  CHECK(pool.stale_bytes() == 8 * mib);
+  CHECK(pool.backend().is_usable(reinterpret_cast<std::uintptr_t>(c), 16 * mib));
+  const auto parts = pool.backing_of(c);
+  REQUIRE(parts.size() == 2);
+  CHECK(pool.backend().times_mapped(parts[0].page) == 2);  // at c and, stale, where a was
+  // Nothing lands on the stale range while it aliases c's memory.
+  void* d = pool.allocate(8 * mib);
+  const auto inside_a = [&](void* p) {
+    const auto x = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(a);
+    return x + 8 * mib > lo && x < lo + 8 * mib;
+  };
+  CHECK_FALSE(inside_a(d));
+  pool.deallocate(d, 8 * mib);
+  // release(): one wait, the stale range unmapped and its address space free again.
+  pool.deallocate(c, 16 * mib);
+  pool.release();
+  CHECK(pool.stale_bytes() == 0);
+  CHECK(pool.backend().bytes_mapped() == pool.physical_bytes());
+  void* e = pool.allocate(8 * mib);
+  CHECK(e != nullptr);
+  pool.deallocate(e, 8 * mib);
+  pool.deallocate(b, 8 * mib);
+  CHECK(pool.release() == 16 * mib);  // b's and e's
+  CHECK(pool.backend().bytes_alive() == 0);
+  CHECK(pool.backend().bytes_mapped() == 0);
+}
+
+TEST_CASE("mapped_pool: stale ranges go back after the device wait their limit calls for, or any wait the pool makes")
+{
+  pool_t pool{simulated_pages{}, {.small_limit = mib, .min_mapping = 0, .relocate_idle = true, .stale_address_limit = 12 * mib}};
+  void* keep = pool.allocate(4 * mib);
+  std::uint64_t waits = 0;
+  for (int i = 0; i < 6; ++i) {  // each round, a hole too small for c: a's memory moves to c, leaving 8 MiB stale
+    void* a = pool.allocate(8 * mib);
+    void* fence = pool.allocate(2 * mib);
+    pool.deallocate(a, 8 * mib);
+    void* c = pool.allocate(10 * mib);
+    CHECK(pool.stale_bytes() <= 20 * mib);  // past the limit, the next allocation waits once and unmaps them
+    pool.deallocate(c, 10 * mib);
+    pool.deallocate(fence, 2 * mib);
+    waits = pool.page_calls().synchronizes;
+  }
+  CHECK(pool.relocations() >= 3);
+  CHECK(waits >= 1);
+  CHECK(waits < pool.relocations());
+  CHECK(pool.backend().bytes_mapped() == pool.physical_bytes() + pool.stale_bytes());
+  pool.deallocate(keep, 4 * mib);
+  pool.release();
+  CHECK(pool.backend().bytes_alive() == 0);
+  CHECK(pool.backend().bytes_mapped() == 0);
+}
+
+TEST_CASE("mapped_pool: an allocation failing after a relocation moves the memory back: nothing changed")
+{
+  for (const op which : {op::create, op::map, op::set_access}) {
+    CAPTURE(static_cast<int>(which));
+    pool_t pool{simulated_pages{}, {.small_limit = mib, .min_mapping = 0, .relocate_idle = true}};
+    void* a = pool.allocate(8 * mib);
+    void* b = pool.allocate(8 * mib);
+    pool.deallocate(a, 8 * mib);
+    const pool_figures before = figures_of(pool);
+    // create fails making the missing 8 MiB; map and access fail on the relocation's second call or the new one
+    pool.backend().fail_after(which, which == op::create ? 0 : 1);
+    CHECK_THROWS((void)pool.allocate(16 * mib));
+    CHECK(figures_of(pool) == before);
+    CHECK(pool.relocations() == 0);
+    CHECK(pool.stale_bytes() == 0);
+    CHECK(pool.backend().bytes_mapped() == pool.physical_bytes());
+    void* again = pool.allocate(6 * mib);  // the idle memory is back in its place
+    CHECK(again == a);
+    pool.deallocate(again, 6 * mib);
+    void* c = pool.allocate(16 * mib);
+    CHECK(pool.relocations() == 1);
+    pool.deallocate(c, 16 * mib);
+    pool.deallocate(b, 8 * mib);
+    pool.release();
+    CHECK(pool.backend().bytes_alive() == 0);
+    CHECK(pool.backend().bytes_mapped() == 0);
+  }
 }

@@ -55,9 +55,12 @@ struct alloc_conf {
   /// has announced a capture (begin_allocate_to_pool), as its own allocator does; =always: at every call (a
   /// driver call each, for captures PyTorch does not know of).
   bool capture_check_always = false;
-  /// stack=default: reclaim=high_water (default: idle mappings go back only when the pool would otherwise
-  /// rise past its high-water mark) or never (only at the cap, empty_cache or out of memory).
-  bool reclaim_never = false;
+  /// stack=default: what the page-mapped pool does when a new mapping would lift it past its high-water mark.
+  /// relocate (default): idle mappings elsewhere are mapped again where the memory is needed (no device wait;
+  /// what they cannot cover is reclaimed as with high_water); high_water: idle mappings go back after one
+  /// device-wide wait on the host (the least memory); never: only at the cap, empty_cache or out of memory.
+  enum class reclaim_mode { relocate, high_water, never };
+  reclaim_mode reclaim = reclaim_mode::relocate;
   /// stack=default: reclaim_slack=F (a share of the live bytes, 0 to 1): idle mappings go back only once the
   /// pool holds more than its live bytes by this share (mapped_pool's reclaim_slack_fraction). Each reclaim is
   /// a device-wide wait on the host; some slack lets a training loop settle without one per step.
@@ -204,9 +207,10 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     else if (value == "announced") c.capture_check_always = false;
     else refuse(key, value, "expected announced or always");
   } else if (key == "reclaim") {
-    if (value == "never") c.reclaim_never = true;
-    else if (value == "high_water") c.reclaim_never = false;
-    else refuse(key, value, "expected high_water or never");
+    if (value == "never") c.reclaim = alloc_conf::reclaim_mode::never;
+    else if (value == "high_water") c.reclaim = alloc_conf::reclaim_mode::high_water;
+    else if (value == "relocate") c.reclaim = alloc_conf::reclaim_mode::relocate;
+    else refuse(key, value, "expected relocate, high_water or never");
   } else if (key == "reclaim_slack") {
     c.reclaim_slack = parse_share(key, value, "of the live bytes from 0 to 1 (e.g. 0.02)");
   } else if (key == "reclaim_headroom") {

@@ -207,7 +207,8 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.max_physical = s.cap;
     o.peers = peers_for(c, device);
     o.stream = stream_options<default_pool>(c);
-    if (c.reclaim_never) o.pool.reclaim_slack = SIZE_MAX;
+    if (c.reclaim == alloc_conf::reclaim_mode::never) o.pool.reclaim_slack = SIZE_MAX;
+    o.pool.relocate_idle = c.reclaim == alloc_conf::reclaim_mode::relocate;
     o.pool.reclaim_slack_fraction = c.reclaim_slack;
     o.pool.reclaim_headroom_fraction = c.reclaim_headroom;
     s.stack = hold(make_default_pool(o), c, device);

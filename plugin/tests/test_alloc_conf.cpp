@@ -197,9 +197,11 @@ TEST_CASE("alloc_conf: capture_check")
 
 TEST_CASE("alloc_conf: reclaim")
 {
-  CHECK_FALSE(parse_alloc_conf("").reclaim_never);
-  CHECK(parse_alloc_conf("reclaim=never").reclaim_never);
-  CHECK_FALSE(parse_alloc_conf("reclaim=high_water").reclaim_never);
+  using mode = alloc_conf::reclaim_mode;
+  CHECK(parse_alloc_conf("").reclaim == mode::relocate);
+  CHECK(parse_alloc_conf("reclaim=never").reclaim == mode::never);
+  CHECK(parse_alloc_conf("reclaim=high_water").reclaim == mode::high_water);
+  CHECK(parse_alloc_conf("reclaim=relocate").reclaim == mode::relocate);
   CHECK_THROWS_WITH_AS(parse_alloc_conf("reclaim=sometimes"), doctest::Contains("reclaim"), conf_error);
 }
 

@@ -2,7 +2,8 @@
 // A pretend device for mapped_pool: address ranges reserved with PROT_NONE (never touched: a touch faults),
 // physical pages that are numbers, and a strict record of which page sits behind which address. Every misuse
 // a driver would punish — mapping over a mapped page, unmapping an empty one, setting access on a range with
-// a hole, destroying a mapped page — is a std::logic_error here, so the pool's tests catch it in CI.
+// a hole, destroying a mapped page — is a std::logic_error here, so the pool's tests catch it in CI. As with
+// the driver, one allocation may be mapped at several addresses at once (they alias the same memory).
 #include <sys/mman.h>
 
 #include <cstddef>
@@ -95,7 +96,7 @@ public:
       throw out_of_memory("simulated_pages", bytes, "device of " + std::to_string(capacity_) + " bytes has " +
                                                   std::to_string(capacity_ - live_bytes_) + " free");
     const page p = next_page_;
-    pages_.emplace(p, allocation{bytes, false});
+    pages_.emplace(p, allocation{bytes, 0});
     ++next_page_;
     live_bytes_ += bytes;
     peak_bytes_ = live_bytes_ > peak_bytes_ ? live_bytes_ : peak_bytes_;
@@ -106,7 +107,7 @@ public:
   void destroy(page p) noexcept
   {
     const auto it = pages_.find(p);
-    if (it == pages_.end() || it->second.mapped) std::terminate();  // a driver would fail; the pool has a bug
+    if (it == pages_.end() || it->second.mappings != 0) std::terminate();  // a driver would fail; the pool has a bug
     live_bytes_ -= it->second.bytes;
     pages_.erase(it);
     ++counts_.releases;
@@ -117,7 +118,6 @@ public:
     maybe_fail(operation::map);
     const auto it = pages_.find(p);
     if (it == pages_.end()) throw std::logic_error("simulated_pages: map of an allocation that does not exist");
-    if (it->second.mapped) throw std::logic_error("simulated_pages: allocation " + std::to_string(p) + " is already mapped");
     if (bytes != it->second.bytes) throw std::logic_error("simulated_pages: map of part of an allocation");
     if (address % page_size_ != 0 || !inside_reservation(address, bytes))
       throw std::logic_error("simulated_pages: map outside a reserved range or off a page boundary");
@@ -132,7 +132,7 @@ public:
       mappings_.erase(address);
       throw;
     }
-    it->second.mapped = true;
+    ++it->second.mappings;
     ++counts_.maps;
   }
 
@@ -155,7 +155,7 @@ public:
     allocation& a = pages_.at(it->second);
     if (a.bytes != bytes) throw std::logic_error("simulated_pages: unmap of part of a mapping");
     for (std::uintptr_t g = address; g < address + bytes; g += page_size_) granules_.erase(g);
-    a.mapped = false;
+    --a.mappings;
     mappings_.erase(it);
     ++counts_.unmaps;
   }
@@ -179,11 +179,17 @@ public:
     }
     return true;
   }
+  /// How many addresses the allocation is mapped at now (0 for one that does not exist).
+  std::size_t times_mapped(page p) const noexcept
+  {
+    const auto it = pages_.find(p);
+    return it == pages_.end() ? 0 : it->second.mappings;
+  }
   /// Physical bytes that exist now (mapped or not), and the most that ever did.
   std::size_t bytes_alive() const noexcept { return live_bytes_; }
   std::size_t peak_bytes() const noexcept { return peak_bytes_; }
   std::size_t allocations_alive() const noexcept { return pages_.size(); }
-  std::size_t bytes_mapped() const noexcept { return granules_.size() * page_size_; }
+  std::size_t bytes_mapped() const noexcept { return granules_.size() * page_size_; }  ///< address space mapped (an aliased allocation counts at each address)
   std::size_t ranges_reserved() const noexcept { return ranges_.size(); }
   std::size_t capacity() const noexcept { return capacity_; }
   /// The next call of `op` after `successes` more successful ones throws (create: out_of_memory; others: a
@@ -198,7 +204,7 @@ private:
   };
   struct allocation {
     std::size_t bytes;
-    bool mapped;
+    std::size_t mappings;  ///< addresses it is mapped at
   };
 
   void maybe_fail(operation op)

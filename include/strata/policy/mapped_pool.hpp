@@ -35,10 +35,16 @@ namespace strata {
 /// A mapping whose blocks are all freed stays mapped ("idle": reused in place at no cost). Only the peak
 /// counts against the program, so idle memory is given back only when a new mapping would lift the memory
 /// held above its high-water mark (and above the live bytes plus `reclaim_slack`, or `reclaim_slack_fraction`
-/// of them): then the pool waits once for the device and unmaps and releases idle mappings, those idle
-/// longest first, until the new one fits under that mark (one host wait for a batch of mappings, never a
-/// wait per mapping, and unmapping never races work still using the memory). Blocks are placed where pages
-/// are already mapped when one of the first `placement_candidates` free blocks that fit allows.
+/// of them). Then, first, idle physical allocations elsewhere are *relocated* (`relocate_idle`): mapped a
+/// second time where the new block needs memory — a map and an access call each, no new memory and no wait,
+/// since reusing freed memory at another address is as safe as reusing it in place. The range such an
+/// allocation leaves stays mapped, out of use, until the device is known done with it: after the next device
+/// wait the pool makes anyway, or, once such stale ranges reach `stale_address_limit` bytes of address space,
+/// after one wait for them all. What relocation cannot cover, the pool gets by waiting once for the device and
+/// unmapping and releasing idle mappings, those idle longest first, until the new memory fits under that mark
+/// (one host wait for a batch of mappings, never a wait per mapping, and unmapping never races work still
+/// using the memory). Blocks are placed where pages are already mapped when one of the first
+/// `placement_candidates` free blocks that fit allows.
 /// A physical cap (`max_physical`) bounds what the pool holds; past it, idle mappings are reclaimed before
 /// out_of_memory. release() reclaims every idle mapping (what empty_cache does) and lowers the high-water
 /// mark to what is left. Block headers and page states live in host memory; the memory handed out is never
@@ -48,8 +54,9 @@ namespace strata {
 /// and planning). Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's
 /// properties. Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the
 /// pages the block touches (one or two for small blocks) and a bounded placement search; a new mapping costs
-/// three driver calls, a reclaim one device wait and two driver calls per mapping reclaimed (a scan of the
-/// idle mappings). Unsynchronized.
+/// three driver calls, a relocation two per allocation moved (a scan of the idle mappings and a walk of the
+/// blocks of the range it leaves), a reclaim one device wait and two driver calls per mapping reclaimed (a
+/// scan of the idle mappings). Unsynchronized.
 /// Move-only; the address ranges are reserved on first use.
 template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
@@ -72,6 +79,14 @@ public:
     /// GPT-2 in PyTorch: 7% of its steps/s). With headroom the loop settles after a few reclaims, holding at
     /// most that much more. 0: never raised (the least memory).
     double reclaim_headroom_fraction = 0.0;
+    /// At the high-water mark, move idle physical memory to where it is needed before waiting for the device
+    /// to give it back: no device waits, for more memory (whole allocations move, and the pool never shrinks
+    /// to what the live set needs: 1-4% more on the shared traces, docs/memory.md). Off: every such growth is
+    /// a reclaim (one device-wide wait), the least memory.
+    bool relocate_idle = false;
+    /// Address space that relocations may leave mapped and out of use before the pool waits for the device
+    /// once to unmap it all (sooner when it waits anyway). Costs no physical memory.
+    std::size_t stale_address_limit = std::size_t{16} << 30;
   };
   // The defaults are the best trade found replaying bench/traces (docs/memory.md, bench/mapped_variants):
   // reclaiming only at the high-water mark and mappings of 8-128 MiB make 1.5-3.7x fewer mappings and
@@ -118,6 +133,8 @@ public:
     if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
     const std::size_t size = align_up(bytes, granule);
     band& bd = band_for(size);
+    if (stale_safe_ != 0 || stale_bytes_ > opts_.stale_address_limit) [[unlikely]]
+      tidy_stale(stale_bytes_ > opts_.stale_address_limit);
     if (bd.size != 0) return allocate_in(bd, bytes, size, effective_alignment(alignment));
     reserve_band(bd, bytes);
     try {
@@ -136,18 +153,7 @@ public:
     band& bd = band_of(b->address);
     in_use_ -= b->size;
     let_go_pages(bd, page_of(bd, b->address), page_of(bd, b->address + b->size - 1));
-    b->free = true;
-    if (b->next != nullptr && b->next->free) {
-      bd.free.remove(b->next);
-      absorb_next(b);
-    }
-    if (b->prev != nullptr && b->prev->free) {
-      block* prev = b->prev;
-      bd.free.remove(prev);
-      absorb_next(prev);
-      b = prev;
-    }
-    bd.free.insert(b);
+    free_block(bd, b);
   }
 
   /// What a request consumes: rounded up to 256 bytes (SIZE_MAX for a size no pool can serve).
@@ -173,11 +179,13 @@ public:
   /// True when p is the start of a block this pool handed out and has not taken back.
   bool owns(const void* p) const noexcept { return used_.contains(p); }
 
-  /// Waits for the device once, then unmaps and releases every idle mapping; returns the bytes given back.
+  /// Waits for the device once, then unmaps and releases every idle mapping and every range relocations
+  /// left; returns the bytes given back.
   std::size_t release()
   {
     const std::size_t before = physical_;
-    if (idle_bytes_ > 0) reclaim(nullptr, 0, 0, SIZE_MAX);
+    if (idle_bytes_ > 0 || !stale_.empty()) reclaim(nullptr, 0, 0, SIZE_MAX, stale_.size());
+    tidy_stale(false);
     high_water_ = physical_;  // asked to give memory back: growing to the old peak again is growth
     return before - physical_;
   }
@@ -216,6 +224,10 @@ public:
   std::size_t live_page_bytes() const noexcept { return live_pages_ * page_size(); }
   std::size_t peak_live_page_bytes() const noexcept { return peak_live_pages_ * page_size(); }
   std::size_t mappings() const noexcept { return mappings_live_; }
+  /// Idle physical allocations moved to where new blocks needed memory (instead of waiting to give them back).
+  std::uint64_t relocations() const noexcept { return relocations_; }
+  /// Address space left mapped by relocations and not yet unmapped (aliases of memory held: no physical cost).
+  std::size_t stale_bytes() const noexcept { return stale_bytes_; }
   /// Driver calls made so far (creates, maps, unmaps, device waits...).
   const page_counters& page_calls() const noexcept { return backend_.counts(); }
   void reset_peak() noexcept
@@ -262,6 +274,7 @@ public:
 private:
   static constexpr std::size_t granule = detail::tlsf::granule;
   static constexpr std::uint32_t no_mapping = UINT32_MAX;
+  static constexpr std::uint32_t stale_mapping = UINT32_MAX - 1;
   using page_handle = typename Backend::page;
 
   struct block {
@@ -276,7 +289,7 @@ private:
 
   struct page_state {
     std::uint32_t live = 0;                ///< live blocks touching the page
-    std::uint32_t mapping = no_mapping;    ///< the physical allocation behind it
+    std::uint32_t mapping = no_mapping;    ///< the physical allocation behind it (stale_mapping: a range a relocation left)
   };
 
   /// One physical allocation mapped at pages [first, first + count) of a band.
@@ -286,8 +299,20 @@ private:
     std::size_t first = 0;
     std::size_t count = 0;
     std::size_t busy = 0;  ///< its pages touched by live blocks
+    std::size_t aliases = 0;  ///< stale ranges still mapping it elsewhere: it cannot be released before they are unmapped
     bool idle = false;     ///< counted in idle_bytes_
     bool listed = false;   ///< in the idle queue (entries are re-checked when taken)
+  };
+
+  /// Where a relocated allocation was mapped before: still mapped (until `unmapped`), its blocks replaced by
+  /// one block that is neither free nor live (`holder`), so nothing lands there while it aliases memory in use.
+  struct stale_range {
+    std::uint32_t band = 0;
+    std::size_t first = 0;
+    std::size_t count = 0;
+    block* holder = nullptr;
+    std::uint32_t slot = 0;  ///< the mapping that moved
+    bool unmapped = false;
   };
 
   /// One reserved address range; `pages` grows to the highest page touched.
@@ -341,6 +366,10 @@ private:
   void* allocate_in(band& bd, std::size_t bytes, std::size_t size, std::size_t align)
   {
     block* b = place(bd, size, align);
+    if (b == nullptr && !stale_.empty()) {  // address space held by stale ranges: wait, give it back, try again
+      tidy_stale(true);
+      b = place(bd, size, align);
+    }
     if (b == nullptr) throw_oom(bytes, "no free address range of that size left");
     const std::uintptr_t start = align_address(b->address, align);
     block* front = start > b->address ? nodes_.make() : nullptr;
@@ -349,7 +378,8 @@ private:
       if (start + size < b->address + b->size) tail = nodes_.make();
       used_.insert(reinterpret_cast<void*>(start), b);
       try {
-        hold_pages(bd, {page_of(bd, start), page_of(bd, start + size - 1), page_of(bd, b->address + b->size - 1)}, bytes, in_use_ + size);
+        hold_pages(bd, {page_of(bd, start), page_of(bd, start + size - 1), page_of(bd, b->address), page_of(bd, b->address + b->size - 1)},
+                   bytes, in_use_ + size);
       } catch (...) {
         used_.erase(reinterpret_cast<void*>(start));
         throw;
@@ -413,11 +443,12 @@ private:
     nodes_.recycle(n);
   }
 
-  /// The pages a new block touches, [first, last], and the last page of the free block it is cut from (the
-  /// farthest a new mapping may reach ahead).
+  /// The pages a new block touches, [first, last], and the first and last pages of the free block it is cut
+  /// from, [from, reach] (the farthest a new mapping may reach ahead; nothing there may move).
   struct page_span {
     std::size_t first;
     std::size_t last;
+    std::size_t from;
     std::size_t reach;
   };
 
@@ -439,7 +470,7 @@ private:
     if (unmapped > 0) {
       std::size_t ahead = pages_ahead(bd, span);
       if (physical_ + (unmapped + ahead) * page_size() > opts_.max_physical) ahead = 0;  // never refuse for pages not asked for
-      map_runs(bd, first, last + ahead, (unmapped + ahead) * page_size(), idle_in_range, bytes, live_after);
+      map_runs(bd, span, last + ahead, (unmapped + ahead) * page_size(), idle_in_range, bytes, live_after);
     }
     for (std::size_t p = first; p <= last; ++p) {
       if (bd.pages[p].live++ != 0) continue;
@@ -517,29 +548,48 @@ private:
     free_slots_.reserve(want);
   }
 
-  /// Maps every run of unmapped pages in [first, last], one physical allocation per run (split at
+  /// Maps every run of unmapped pages in [span.first, last], one physical allocation per run (split at
   /// max_mapping). First, when the new memory would lift the pool above its budget (the cap, and the
-  /// high-water mark unless the live bytes and their slack are above it), idle memory elsewhere is reclaimed
-  /// to make room.
-  void map_runs(band& bd, std::size_t first, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes,
+  /// high-water mark unless the live bytes and their slack are above it), idle memory elsewhere is relocated
+  /// there, then, for what is still missing, reclaimed to make room. On failure every relocation made here is
+  /// undone (what was reclaimed stays reclaimed).
+  void map_runs(band& bd, page_span span, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes,
                 std::size_t live_after)
   {
-    const std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
+    const std::size_t first = span.first;
+    std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
     const std::size_t budget = std::min(opts_.max_physical, std::max(high_water_, with_slack(live_after)));
-    if (physical_ + needed > budget && idle_elsewhere > 0) {
-      // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
-      // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
-      // reclaim. Only a reclaim that the cap needs makes the allocation fail.
-      const bool for_cap = physical_ + needed > opts_.max_physical;
-      try {
-        reclaim(&bd, first, last, physical_ + needed - budget);
-      } catch (...) {
-        if (for_cap) throw;
+    const std::size_t stale_before = stale_.size();
+    try {
+      if (physical_ + needed > budget && idle_elsewhere > 0 && opts_.relocate_idle) {
+        const relocated moved = relocate(bd, first, last, span);
+        needed -= moved.covered;
+        idle_elsewhere -= moved.bytes;
       }
-      if (!for_cap) raise_high_water_after_reclaim();
+      if (physical_ + needed > budget && idle_elsewhere > 0) {
+        // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
+        // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
+        // reclaim. Only a reclaim that the cap needs makes the allocation fail.
+        const bool for_cap = physical_ + needed > opts_.max_physical;
+        try {
+          reclaim(&bd, first, last, physical_ + needed - budget, stale_before);
+        } catch (...) {
+          if (for_cap) throw;
+        }
+        if (!for_cap) raise_high_water_after_reclaim();
+      }
+      if (physical_ + needed > opts_.max_physical)
+        throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
+      if (needed > 0) map_unmapped(bd, first, last, needed);
+    } catch (...) {
+      undo_relocations(stale_before);
+      throw;
     }
-    if (physical_ + needed > opts_.max_physical)
-      throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
+  }
+
+  /// One physical allocation per run of unmapped pages in [first, last] (`needed` bytes in all); all or none.
+  void map_unmapped(band& bd, std::size_t first, std::size_t last, std::size_t needed)
+  {
     const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page_size());
     reserve_mapping_slots(needed / page_size());
     std::vector<std::uint32_t> made;
@@ -559,6 +609,206 @@ private:
       for (std::uint32_t slot : made) drop_mapping(slot);
       throw;
     }
+  }
+
+  struct relocated {
+    std::size_t covered = 0;  ///< bytes of [first, last] now mapped
+    std::size_t bytes = 0;    ///< bytes of the allocations moved (more where one reaches past last)
+  };
+
+  /// Covers the runs of unmapped pages in [first, last] with idle allocations from elsewhere, each mapped
+  /// again at the run (reaching past `last` over free unmapped pages where it is longer than the rest of the
+  /// run). Stops at the first run part no idle allocation fits.
+  relocated relocate(band& bd, std::size_t first, std::size_t last, page_span keep)
+  {
+    relocated done;
+    const std::size_t page = page_size();
+    const std::size_t band_pages = bd.size / page;
+    const std::size_t max_run = std::max<std::size_t>(1, opts_.max_mapping / page);
+    for (std::size_t p = first; p <= last;) {
+      if (bd.pages[p].mapping != no_mapping) {
+        ++p;
+        continue;
+      }
+      std::size_t run = 0;
+      while (p + run <= last && bd.pages[p + run].mapping == no_mapping) ++run;
+      std::size_t room = run;  // past `last`, unmapped pages are free address space
+      if (p + run > last)
+        while (room < max_run && p + room < band_pages && (p + room >= bd.pages.size() || bd.pages[p + room].mapping == no_mapping)) ++room;
+      while (run > 0) {
+        const std::uint32_t slot = idle_to_move(bd, run, room, keep);
+        if (slot == no_mapping) break;
+        const std::size_t count = mappings_[slot].count;
+        move_mapping(slot, bd, p);
+        done.covered += std::min(count, run) * page;
+        done.bytes += count * page;
+        p += count;
+        room -= count;
+        run -= std::min(count, run);
+      }
+      p += run;
+    }
+    return done;
+  }
+
+  /// The idle allocation to map at a run of `run` unmapped pages with `room` pages free from its start: the
+  /// largest that fits in the run, else the smallest that covers it; never one in [keep.from,
+  /// keep.reach] of `bd` (the free block being carved, whose nodes must not change). no_mapping: none fits.
+  std::uint32_t idle_to_move(const band& bd, std::size_t run, std::size_t room, page_span keep) const noexcept
+  {
+    std::uint32_t best = no_mapping;
+    std::size_t best_cost = SIZE_MAX;
+    for (std::size_t i = idle_head_; i < idle_.size(); ++i) {
+      const std::uint32_t slot = idle_[i];
+      const mapping& m = mappings_[slot];
+      if (!m.idle || m.count > room) continue;
+      if (&bands_[m.band] == &bd && m.first <= keep.reach && m.first + m.count > keep.from) continue;
+      const std::size_t cost = m.count <= run ? run - m.count : room + (m.count - run);
+      if (cost < best_cost) {
+        best_cost = cost;
+        best = slot;
+        if (cost == 0) break;
+      }
+    }
+    return best;
+  }
+
+  /// Maps idle allocation `slot` again at page `at` of `to`; its old range becomes a stale range. Throws with
+  /// nothing changed.
+  void move_mapping(std::uint32_t slot, band& to, std::size_t at)
+  {
+    mapping& m = mappings_[slot];
+    band& from = bands_[m.band];
+    const std::size_t bytes = bytes_of(m);
+    const std::uintptr_t old_address = address_of(from, m.first), new_address = address_of(to, at);
+    block* holder = free_block_over(from, old_address);  // no live block touches an idle allocation's pages
+    block* front = holder->address < old_address ? nodes_.make() : nullptr;
+    block* tail = nullptr;
+    try {
+      if (old_address + bytes < holder->address + holder->size) tail = nodes_.make();
+      stale_.reserve(stale_.size() + 1);
+      if (at + m.count > to.pages.size()) grow_page_table(to, at + m.count);
+      backend_.map(new_address, m.page, bytes);
+      try {
+        backend_.set_access(new_address, bytes);
+      } catch (...) {
+        try {
+          backend_.unmap(new_address, bytes);
+        } catch (...) {
+          // The driver keeps the alias: that address range fails later maps rather than corrupting memory.
+        }
+        throw;
+      }
+    } catch (...) {
+      if (front != nullptr) nodes_.recycle(front);
+      if (tail != nullptr) nodes_.recycle(tail);
+      throw;
+    }
+    carve(from, holder, old_address, bytes, front, tail);  // the holder: neither free nor live
+    for (std::size_t p = m.first; p < m.first + m.count; ++p) from.pages[p].mapping = stale_mapping;
+    stale_.push_back({.band = m.band, .first = m.first, .count = m.count, .holder = holder, .slot = slot});
+    stale_bytes_ += bytes;
+    ++m.aliases;
+    m.band = static_cast<std::uint32_t>(&to - bands_);
+    m.first = at;
+    for (std::size_t p = at; p < at + m.count; ++p) to.pages[p].mapping = slot;
+    ++relocations_;
+  }
+
+  /// The free block holding `address` (a walk of the band's blocks in address order).
+  static block* free_block_over(const band& bd, std::uintptr_t address) noexcept
+  {
+    block* b = bd.first;
+    while (b->address + b->size <= address) b = b->next;
+    return b;
+  }
+
+  /// Moves the relocations made since `stale_.size()` was `keep` back where they were (their new ranges were
+  /// never used), newest first; one whose alias the driver keeps stays moved (a valid state).
+  void undo_relocations(std::size_t keep) noexcept
+  {
+    while (stale_.size() > keep) {
+      const stale_range g = stale_.back();
+      mapping& m = mappings_[g.slot];
+      band& now = bands_[m.band];
+      try {
+        backend_.unmap(address_of(now, m.first), bytes_of(m));
+      } catch (...) {
+        break;
+      }
+      for (std::size_t p = m.first; p < m.first + m.count; ++p) now.pages[p].mapping = no_mapping;
+      band& back = bands_[g.band];
+      m.band = g.band;
+      m.first = g.first;
+      --m.aliases;
+      for (std::size_t p = g.first; p < g.first + g.count; ++p) back.pages[p].mapping = g.slot;
+      stale_bytes_ -= bytes_of(m);
+      free_block(back, g.holder);
+      stale_.pop_back();
+      --relocations_;
+    }
+    stale_safe_ = std::min(stale_safe_, stale_.size());
+  }
+
+  /// Gives back stale ranges the device is known done with (after a wait for them all first when `wait`, or
+  /// when stale_safe_ says a wait already covered them). Only between calls' block surgery: freeing a holder
+  /// merges its neighbours. A failed wait or unmap leaves the rest for later.
+  void tidy_stale(bool wait) noexcept
+  {
+    if (wait && stale_safe_ < stale_.size()) {
+      try {
+        backend_.synchronize();
+        stale_safe_ = stale_.size();
+      } catch (...) {
+        // Under capture, or a broken device: the ranges stay until a later wait.
+      }
+    }
+    unmap_safe_stale(stale_safe_);
+    std::size_t gone = 0;
+    while (gone < stale_.size() && stale_[gone].unmapped) {
+      const stale_range& g = stale_[gone];
+      band& bd = bands_[g.band];
+      for (std::size_t p = g.first; p < g.first + g.count; ++p) bd.pages[p].mapping = no_mapping;
+      free_block(bd, g.holder);
+      ++gone;
+    }
+    stale_.erase(stale_.begin(), stale_.begin() + static_cast<std::ptrdiff_t>(gone));
+    stale_safe_ -= gone;
+  }
+
+  /// Unmaps the first `limit` stale ranges (a device wait since they were made), so their allocations can be
+  /// released; their holders stay until tidy_stale. Stops at a failed unmap.
+  void unmap_safe_stale(std::size_t limit) noexcept
+  {
+    for (std::size_t i = 0; i < std::min(limit, stale_safe_); ++i) {
+      stale_range& g = stale_[i];
+      if (g.unmapped) continue;
+      try {
+        backend_.unmap(address_of(bands_[g.band], g.first), g.count * page_size());
+      } catch (...) {
+        return;
+      }
+      g.unmapped = true;
+      --mappings_[g.slot].aliases;
+      stale_bytes_ -= g.count * page_size();
+    }
+  }
+
+  /// Marks b free and merges it with free neighbours.
+  void free_block(band& bd, block* b) noexcept
+  {
+    b->free = true;
+    if (b->next != nullptr && b->next->free) {
+      bd.free.remove(b->next);
+      absorb_next(b);
+    }
+    if (b->prev != nullptr && b->prev->free) {
+      block* prev = b->prev;
+      bd.free.remove(prev);
+      absorb_next(prev);
+      b = prev;
+    }
+    bd.free.insert(b);
   }
 
   void raise_high_water_after_reclaim() noexcept
@@ -635,12 +885,16 @@ private:
   }
 
   /// One device wait, then idle mappings, those idle longest first, are unmapped and released until `want`
-  /// bytes are gone; mappings touching [first, last] of `keep` (the request being served) stay.
-  void reclaim(const band* keep, std::size_t first, std::size_t last, std::size_t want)
+  /// bytes are gone; mappings touching [first, last] of `keep` (the request being served) stay, as do those
+  /// still aliased by a stale range. The wait covers every stale range: the first `stale_limit` are unmapped
+  /// now (those made by the call under way may yet be undone).
+  void reclaim(const band* keep, std::size_t first, std::size_t last, std::size_t want, std::size_t stale_limit)
   {
     std::vector<std::uint32_t> kept;
-    if (keep != nullptr) kept.reserve(last - first + 1);
+    kept.reserve(mappings_live_);
     backend_.synchronize();
+    stale_safe_ = stale_.size();
+    unmap_safe_stale(stale_limit);
     std::size_t done = 0;
     try {
       while (idle_head_ < idle_.size() && done < want) {
@@ -648,7 +902,7 @@ private:
         mapping& m = mappings_[slot];
         if (!m.idle) {
           m.listed = false;  // stale: reused since it went idle
-        } else if (keep != nullptr && &bands_[m.band] == keep && m.first <= last && m.first + m.count > first) {
+        } else if ((keep != nullptr && &bands_[m.band] == keep && m.first <= last && m.first + m.count > first) || m.aliases != 0) {
           kept.push_back(slot);
         } else {
           const band& bd = bands_[m.band];
@@ -699,6 +953,15 @@ private:
         // The runtime may be gone at exit, or the device broken: nothing more can be done than unmapping.
       }
     }
+    for (const stale_range& g : stale_) {
+      if (g.unmapped) continue;
+      try {
+        backend_.unmap(address_of(bands_[g.band], g.first), g.count * page_size());
+      } catch (...) {
+        // As below: the process's mappings go with it.
+      }
+      --mappings_[g.slot].aliases;
+    }
     for (std::uint32_t slot = 0; slot < mappings_.size(); ++slot) {
       mapping& m = mappings_[slot];
       if (m.count == 0) continue;
@@ -722,6 +985,8 @@ private:
     free_slots_.clear();
     idle_.clear();
     idle_head_ = 0;
+    stale_.clear();
+    stale_safe_ = stale_bytes_ = 0;
     used_.clear();
     physical_ = idle_bytes_ = in_use_ = mappings_live_ = high_water_ = live_pages_ = 0;
   }
@@ -736,6 +1001,10 @@ private:
     free_slots_ = std::exchange(other.free_slots_, {});
     idle_ = std::exchange(other.idle_, {});
     idle_head_ = std::exchange(other.idle_head_, 0);
+    stale_ = std::exchange(other.stale_, {});
+    stale_safe_ = std::exchange(other.stale_safe_, 0);
+    stale_bytes_ = std::exchange(other.stale_bytes_, 0);
+    relocations_ = std::exchange(other.relocations_, 0);
     physical_ = std::exchange(other.physical_, 0);
     peak_physical_ = std::exchange(other.peak_physical_, 0);
     high_water_ = std::exchange(other.high_water_, 0);
@@ -755,6 +1024,10 @@ private:
   std::vector<std::uint32_t> free_slots_;
   std::vector<std::uint32_t> idle_;         ///< idle mappings, oldest first from idle_head_
   std::size_t idle_head_ = 0;
+  std::vector<stale_range> stale_;          ///< oldest first
+  std::size_t stale_safe_ = 0;              ///< how many of the oldest stale ranges a device wait has covered
+  std::size_t stale_bytes_ = 0;             ///< address space of stale ranges still mapped
+  std::uint64_t relocations_ = 0;
   std::size_t physical_ = 0;
   std::size_t peak_physical_ = 0;
   std::size_t high_water_ = 0;              ///< the most held since the last release(): reclaiming below it gains nothing
