@@ -47,7 +47,7 @@ class Report(unittest.TestCase):
         self.assertEqual(trace["operations"], 1500)
         self.assertEqual(trace["scale"], 1.0)
         self.assertEqual(trace["capacity"], 64 << 20)
-        self.assertEqual(len(trace["stacks"]), 13)
+        self.assertEqual(len(trace["stacks"]), 14)
         for s in trace["stacks"]:
             self.assertLessEqual(STACK_FIELDS, set(s), s["name"])
             self.assertAlmostEqual(s["ratio"], s["peak_reserved"] / s["peak_live"], places=4)

@@ -169,7 +169,7 @@ class Replay(unittest.TestCase):
                 plan = json.load(f)
         (trace,) = plan["traces"]
         self.assertEqual(trace["operations"], 9)
-        self.assertEqual(len(trace["stacks"]), 13)
+        self.assertEqual(len(trace["stacks"]), 14)
         for stack in trace["stacks"]:
             self.assertEqual(stack["peak_live"], peak, stack["name"])
             self.assertGreaterEqual(stack["peak_reserved"], peak, stack["name"])

@@ -554,17 +554,26 @@ private:
   /// there, then, for what is still missing, reclaimed to make room. On failure every relocation made here is
   /// undone (what was reclaimed stays reclaimed).
   void map_runs(band& bd, page_span span, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes,
-                std::size_t live_after)
+                std::size_t live_after, bool may_relocate = true)
   {
     const std::size_t first = span.first;
+    const std::size_t needed_at_first = needed;
     std::size_t idle_elsewhere = idle_bytes_ - idle_in_range;
     const std::size_t budget = std::min(opts_.max_physical, std::max(high_water_, with_slack(live_after)));
     const std::size_t stale_before = stale_.size();
     try {
-      if (physical_ + needed > budget && idle_elsewhere > 0 && opts_.relocate_idle) {
+      if (physical_ + needed > budget && idle_elsewhere > 0 && opts_.relocate_idle && may_relocate) {
         const relocated moved = relocate(bd, first, last, span);
         needed -= moved.covered;
         idle_elsewhere -= moved.bytes;
+        // A relocated allocation longer than what it covers holds its spare pages where they may not help:
+        // where that leaves the request over the cap, reclaiming alone may still fit it.
+        if (physical_ + needed > opts_.max_physical && physical_ + needed - opts_.max_physical > idle_elsewhere &&
+            stale_.size() > stale_before) {
+          undo_relocations(stale_before);
+          if (stale_.size() == stale_before)
+            return map_runs(bd, span, last, needed_at_first, idle_in_range, bytes, live_after, false);
+        }
       }
       if (physical_ + needed > budget && idle_elsewhere > 0) {
         // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
