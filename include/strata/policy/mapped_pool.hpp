@@ -80,9 +80,9 @@ public:
     /// most that much more. 0: never raised (the least memory).
     double reclaim_headroom_fraction = 0.0;
     /// At the high-water mark, move idle physical memory to where it is needed before waiting for the device
-    /// to give it back: no device waits, for more memory (whole allocations move, and the pool never shrinks
-    /// to what the live set needs: 1-4% more on the shared traces, docs/memory.md). Off: every such growth is
-    /// a reclaim (one device-wide wait), the least memory.
+    /// to give it back: no device waits, for more memory (whole allocations move, so the pool follows the live
+    /// set less closely: up to 2.6 points more held/live on the shared traces, less on some; docs/memory.md).
+    /// Off: every such growth is a reclaim (one device-wide wait), the least memory.
     bool relocate_idle = false;
     /// Address space that relocations may leave mapped and out of use before the pool waits for the device
     /// once to unmap it all (sooner when it waits anyway). Costs no physical memory.
@@ -789,18 +789,22 @@ private:
   /// released; their holders stay until tidy_stale. Stops at a failed unmap.
   void unmap_safe_stale(std::size_t limit) noexcept
   {
-    for (std::size_t i = 0; i < std::min(limit, stale_safe_); ++i) {
-      stale_range& g = stale_[i];
-      if (g.unmapped) continue;
-      try {
-        backend_.unmap(address_of(bands_[g.band], g.first), g.count * page_size());
-      } catch (...) {
-        return;
-      }
-      g.unmapped = true;
-      --mappings_[g.slot].aliases;
-      stale_bytes_ -= g.count * page_size();
+    for (std::size_t i = 0; i < std::min(limit, stale_safe_); ++i)
+      if (!stale_[i].unmapped && !unmap_stale(stale_[i])) return;
+  }
+
+  /// Unmaps one stale range (its allocation then has one alias fewer); false when the driver refuses.
+  bool unmap_stale(stale_range& g) noexcept
+  {
+    try {
+      backend_.unmap(address_of(bands_[g.band], g.first), g.count * page_size());
+    } catch (...) {
+      return false;
     }
+    g.unmapped = true;
+    --mappings_[g.slot].aliases;
+    stale_bytes_ -= g.count * page_size();
+    return true;
   }
 
   /// Marks b free and merges it with free neighbours.
@@ -962,15 +966,8 @@ private:
         // The runtime may be gone at exit, or the device broken: nothing more can be done than unmapping.
       }
     }
-    for (const stale_range& g : stale_) {
-      if (g.unmapped) continue;
-      try {
-        backend_.unmap(address_of(bands_[g.band], g.first), g.count * page_size());
-      } catch (...) {
-        // As below: the process's mappings go with it.
-      }
-      --mappings_[g.slot].aliases;
-    }
+    for (stale_range& g : stale_)
+      if (!g.unmapped) (void)unmap_stale(g);  // a refusal: as below, the process's mappings go with it
     for (std::uint32_t slot = 0; slot < mappings_.size(); ++slot) {
       mapping& m = mappings_[slot];
       if (m.count == 0) continue;

@@ -133,7 +133,7 @@ struct cuda_events {
   /// neither can say: stream_ordered then assumes the worst.
   bool capturing(cuda::stream_ref stream) const
   {
-    if (const auto driver = detail::driver_is_capturing(); driver != nullptr && detail::context_current()) {
+    if (const auto driver = detail::driver_is_capturing(); driver != nullptr) {  // refuses without a current context
       int status = 0;
       if (driver(explicit_stream(stream).get(), &status) == 0) return status != 0;  // CU_STREAM_CAPTURE_STATUS_NONE
     }

@@ -90,9 +90,9 @@ inline identified_stream identify(cuda::stream_ref stream)
 {
   const cuda::stream_ref named = explicit_stream(stream);
   unsigned long long id = 0;
-  // Without a current context (a thread that made no runtime call yet) the driver would refuse: the runtime
-  // binds the context first.
-  if (const auto driver = detail::driver_stream_id(); driver != nullptr && detail::context_current() && driver(named.get(), &id) == 0)
+  // Without a current context (a thread that made no runtime call yet) the driver refuses: the runtime, asked
+  // next, binds the context first. Asking the driver first keeps the common case at one call.
+  if (const auto driver = detail::driver_stream_id(); driver != nullptr && driver(named.get(), &id) == 0)
     return {named, id};
   detail::cuda_check(cudaStreamGetId(named.get(), &id), "cudaStreamGetId");
   return {named, id};
