@@ -284,6 +284,37 @@ TEST_CASE("stream_ordered: the owner's frees merge at once; another stream takes
   REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
 }
 
+TEST_CASE("stream_ordered: a legacy-stream owner's frees carry no event; another stream records one when it takes them")
+{
+  const cudaStream_t legacy = cudaStreamLegacy, b = make_stream();
+  layer_t layer = tight_layer(8 << 20, 8);
+  layer.share(b);  // known before the owner frees: a created owner would now record an event per free
+  void* out = nullptr;
+  REQUIRE(cudaMalloc(&out, 1 << 20) == cudaSuccess);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(layer.allocate_async(1 << 20, 256, legacy));
+  strata::testing::fill(blocks[5], 1 << 20, 41, legacy);
+  strata::testing::sleep_kernel<<<1, 1, 0, legacy>>>(long_kernel_ns);
+  REQUIRE(cudaMemcpyAsync(out, blocks[5], 1 << 20, cudaMemcpyDeviceToDevice, legacy) == cudaSuccess);
+  for (void* p : blocks) layer.deallocate_async(p, 1 << 20, 256, legacy);
+  CHECK(layer.owner() == identify(legacy).id());
+  CHECK(layer.stats().events == 0);
+  void* big = layer.allocate_async(8 << 20, 256, b);  // the merged chunk, behind one event recorded now
+  CHECK(layer.stats().events == 1);
+  CHECK(layer.stats().orderings == 1);
+  CHECK(layer.stats().host_waits == 0);
+  CHECK(cudaStreamQuery(legacy) == cudaErrorNotReady);  // the host did not wait for the owner's kernel
+  (void)cudaGetLastError();
+  strata::testing::fill(big, 8 << 20, 42, b);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(strata::testing::mismatches(out, 1 << 20, 41) == 0);  // the owner's copy ran before b overwrote the block
+  CHECK(strata::testing::mismatches(big, 8 << 20, 42) == 0);
+  layer.deallocate_async(big, 8 << 20, 256, b);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaFree(out) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
+}
+
 TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking stream is safe, as cudaFree is (issue 14 item 1)")
 {
   void* out = nullptr;

@@ -34,6 +34,17 @@ concept event_backend = std::movable<B> && requires(B& b, const typename B::even
   { b.capturing(s) } -> std::same_as<bool>;
 };
 
+/// A backend whose streams include some that never die and mean the same stream from every thread (the legacy
+/// default stream of each device), detected with `requires`: `permanent(s)` says whether s is one, and
+/// `record_on(e, s, device)` records e (an event of `device`) on such a stream of `device`, whichever device is
+/// current. stream_ordered then records an event after a permanent owner's frees only when another stream
+/// needs them, from that stream's call, instead of after every free (see its class comment).
+template <class B>
+concept permanent_stream_backend = event_backend<B> && requires(B& b, const typename B::event e, cuda::stream_ref s, int device) {
+  { b.permanent(s) } -> std::same_as<bool>;
+  b.record_on(e, s, device);
+};
+
 /// What a stream's capture query says: whether it captures, the capture's id (unique over the process's
 /// lifetime, shared by every stream joined to the capture) and the graph being built (valid while it captures).
 struct capture_info {
@@ -90,6 +101,17 @@ struct cuda_events {
   void record(event e, cuda::stream_ref stream) const
   {
     detail::cuda_check(cudaEventRecord(e, stream.get()), "cudaEventRecord");
+  }
+  /// The legacy default stream (cudaStreamLegacy, or handle 0 in this translation unit's legacy mode): never
+  /// destroyed, the same stream from every thread. The per-thread default stream is not: its handle means
+  /// the calling thread's.
+  bool permanent(cuda::stream_ref stream) const noexcept { return explicit_stream(stream).get() == cudaStreamLegacy; }
+  /// cudaEventRecord on `stream` of `device` (the legacy stream's handle names the current device's), the
+  /// calling thread's current device restored afterwards.
+  void record_on(event e, cuda::stream_ref stream, int device) const
+  {
+    detail::scoped_device on(device);
+    record(e, stream);
   }
   bool done(event e) const
   {
@@ -186,6 +208,7 @@ struct cuda_events {
 
 static_assert(event_backend<cuda_events>);
 static_assert(graph_backend<cuda_events>);
+static_assert(permanent_stream_backend<cuda_events>);
 
 } // namespace STRATA_DEFAULT_STREAM_MODE
 

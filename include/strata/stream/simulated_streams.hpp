@@ -438,6 +438,18 @@ public:
   event make_event_on(int device) { return world_->make_event_on(device); }
   void destroy_event(event e) const noexcept { world_->destroy_event(e); }
   void record(event e, cuda::stream_ref stream) { world_->record(e, stream); }
+  /// The legacy default stream, as with cuda_events (the simulated world's legacy stream runs on device 0).
+  bool permanent(cuda::stream_ref stream) const noexcept
+  {
+    return stream.get() == nullptr || stream.get() == simulated_streams::legacy().get();
+  }
+  void record_on(event e, cuda::stream_ref stream, int device)
+  {
+    if (device != world_->device_of(stream))
+      throw simulated_streams::illegal_call("simulated_streams: record_on named device " + std::to_string(device) +
+                                            " for a stream of device " + std::to_string(world_->device_of(stream)));
+    world_->record(e, stream);
+  }
   bool done(event e) { return world_->done(e); }
   void wait_host(event e) { world_->wait_host(e); }
   void order_after(cuda::stream_ref stream, event e) { world_->order_after(stream, e); }
@@ -453,6 +465,6 @@ private:
   simulated_streams* world_;
 };
 
-static_assert(event_backend<simulated_events> && graph_backend<simulated_events>);
+static_assert(event_backend<simulated_events> && graph_backend<simulated_events> && permanent_stream_backend<simulated_events>);
 
 } // namespace strata

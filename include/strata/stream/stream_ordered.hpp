@@ -46,7 +46,13 @@ namespace strata {
 /// stream has used the layer, every owner free records an event after itself, on the owner's stream during
 /// the owner's own call — a stream handle is never touched outside a call on it, since its stream may have
 /// been destroyed since (asking the driver about a destroyed stream crashes it). The owner's frees made while
-/// it was alone carry no event: the first other stream that needs them waits for the device once. When the
+/// it was alone carry no event: the first other stream that needs them waits for the device once. The
+/// exception is an owner whose handle never dies, the legacy default stream (PyTorch's main stream, trace
+/// stream 0; a backend says which, `permanent_stream_backend`): its frees carry no event at all, and t, when it
+/// needs them, records one on the owner then (on the owner's device) and waits for it on the GPU — one event
+/// per take instead of one per free (7,614 events became 6 on the two-stream ViT trace). While a capture may be
+/// under way its frees carry events as any owner's do (an event on the legacy stream would join a blocking
+/// stream's capture). When the
 /// policy runs out, a block of the same shape cached by another stream is handed over the same way; failing
 /// that, the host waits for every pending free, returns them all, and the policy is asked once more before
 /// out_of_memory.
@@ -129,7 +135,7 @@ namespace strata {
 /// `check_capture`, one cudaStreamIsCapturing per allocate and per free: on the owner, the policy's
 /// allocate or free and a few comparisons; on another stream, a cached allocate or free is a hash lookup, O(1),
 /// and a miss costs the policy's allocate, an event query per pending event and at most one event record and
-/// cudaStreamWaitEvent per batch of the owner's frees. While private pools exist, a hash lookup per free; a
+/// cudaStreamWaitEvent per batch of the owner's frees (and, with a permanent owner, one cudaEventRecord on it). While private pools exist, a hash lookup per free; a
 /// pool allocate or free is O(log b) in the pool's bins, plus the capture query (and, for a capture's first
 /// allocation, a CUDA user object); each explicit route costs one filter call per allocate; while a capture
 /// is known, two cudaThreadExchangeStreamCaptureMode around each policy allocate. Unsynchronized.
@@ -155,6 +161,7 @@ public:
     /// does; the plug-in's default), else its allocations are served as if uncaptured.
     bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
+    /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see the class).
     /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
     /// while another stream needed them within this many of the owner's frees; past it they carry none, and
     /// the next stream to need them makes one device-wide wait instead of a cudaStreamWaitEvent (then the
@@ -652,7 +659,7 @@ private:
       // layer, and holds exactly what it would hold.
       policy_.deallocate(p, sh.request, sh.align);
       ++policy_seq_;
-      if (shared_) {
+      if (shared_ && !covers_owner_on_demand()) {
         if (owner_frees_unneeded_ < opts_.owner_cover_window || capture_possible()) cover_owner(stream);
         if (owner_frees_unneeded_ < opts_.owner_cover_window) ++owner_frees_unneeded_;
       }
@@ -1158,13 +1165,20 @@ private:
   }
 
   /// Records an event on `stream` (of `device`) into `events`, covering what is numbered below `covers_below`.
-  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below, int device)
+  /// `on_its_device`: a permanent stream's handle, recorded on as a stream of `device` whichever is current.
+  void record_into(std::deque<pending_event>& events, cuda::stream_ref stream, std::uint64_t covers_below, int device,
+                   bool on_its_device = false)
   {
     // Every event made is spare or pending: with room for all of them, retiring one never allocates.
     spare_events_.reserve(spare_events_.size() + events_pending_ + 1);
     const event e = spare_event(device);
     try {
-      backend_.record(e, stream);
+      if constexpr (permanent_stream_backend<Backend>) {
+        if (on_its_device) backend_.record_on(e, stream, device);
+        else backend_.record(e, stream);
+      } else {
+        backend_.record(e, stream);
+      }
       events.push_back({e, covers_below, device});
     } catch (...) {
       spare_events_.push_back({e, device});
@@ -1233,14 +1247,27 @@ private:
 
   bool policy_clean() const noexcept { return safe_seq_ >= policy_seq_; }
 
+  /// Whether the owner's frees get their event from the stream that needs them, when it needs them, instead
+  /// of one per free: the owner's handle must outlive every call (a permanent stream: the legacy default
+  /// stream), and no capture may be under way (an event recorded on the legacy stream joins a blocking
+  /// stream's capture; while one may go on, frees carry their events as for any owner).
+  bool covers_owner_on_demand() const noexcept { return owner_permanent_ && !capture_possible(); }
+
+  bool permanent(cuda::stream_ref stream) const noexcept
+  {
+    if constexpr (permanent_stream_backend<Backend>) return backend_.permanent(stream);
+    else return false;
+  }
+
   /// s's frees go straight to the policy from now on, and what s has cached goes there now: every
   /// block is safe for s itself. Only while the policy holds no other stream's unfinished frees.
   void become_owner(stream_state& s, cuda::stream_ref stream) noexcept
   {
     owner_ = &s;
+    owner_permanent_ = permanent(stream);
     while (!s.events.empty()) retire_front(s.events);
     flush_owner_cache();
-    if (shared_ && !policy_clean()) cover_owner(stream);  // the flushed blocks, for the other streams
+    if (shared_ && !policy_clean() && !covers_owner_on_demand()) cover_owner(stream);  // the flushed blocks, for the other streams
   }
 
   /// The owner's cached blocks go to the policy (where they merge), as the owner's unfinished frees.
@@ -1295,7 +1322,7 @@ private:
   /// Once another stream shares the layer, every owner free records an event after itself, on the owner's
   /// stream while it is known alive (this call): so another stream never has to touch the owner's handle,
   /// which may belong to a stream destroyed since. A failed record leaves the free uncovered; a taker then
-  /// waits device-wide (owner_event).
+  /// waits device-wide (owner_event). Not for a permanent owner (covers_owner_on_demand).
   void cover_owner(cuda::stream_ref stream) noexcept
   {
     try {
@@ -1309,6 +1336,14 @@ private:
   const pending_event* owner_event()
   {
     if (!owner_events_.empty() && owner_events_.back().covers_below >= policy_seq_) return &owner_events_.back();
+    if (covers_owner_on_demand()) {
+      try {
+        record_into(owner_events_, owner_->handle, policy_seq_, owner_->device, /*on_its_device=*/true);
+        return &owner_events_.back();
+      } catch (...) {
+        // Not recorded: wait for the devices instead, as for frees made before the layer was shared.
+      }
+    }
     refuse_host_wait_under_capture();
     wait_all_devices();
     mark_safe(policy_seq_);
@@ -1532,6 +1567,7 @@ private:
     events_pending_ = std::exchange(other.events_pending_, 0);
     owner_ = std::exchange(other.owner_, nullptr);
     shared_ = std::exchange(other.shared_, false);
+    owner_permanent_ = std::exchange(other.owner_permanent_, false);
     owner_frees_unneeded_ = std::exchange(other.owner_frees_unneeded_, 0);
     capturing_ = std::exchange(other.capturing_, {});
     watched_ = std::exchange(other.watched_, {});
@@ -1560,6 +1596,7 @@ private:
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
   bool shared_ = false;  ///< a second stream has used the layer
+  bool owner_permanent_ = false;  ///< the owner's handle never dies (covers_owner_on_demand)
   std::size_t owner_frees_unneeded_ = 0;  ///< owner frees since another stream last needed them (owner_cover_window)
   /// A stream seen capturing in a call on it, never asked about again (see refuse_host_wait_under_capture).
   struct seen_capture {

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 15's speed check with a verdict the noise cannot decide: one process per allocator gave 0.95-1.08x on
+# the same code between runs, and two native processes differed by 9%. Here each model trains in ROUNDS rounds,
+# each round one native and one strata process back to back, the order alternating round by round (so drift
+# over the run hits both alike). speed_verdict.py then reports, per model, the median over rounds of the
+# same-round ratio strata/native, its range, and each allocator's median steps/s.
+#   ROUNDS=6 MODELS="gpt2_varlen gpt2 resnet18" OUT=/tmp/strata-speed bash tests/device/torch/speed_verdict.sh
+# CONF: the plug-in's configuration (default: empty, the plug-in's defaults). STEPS: steps per process (48; the
+# first 8 warm up). BUDGET_S: no round starts after this many seconds (default 540); rounds not run are counted.
+# Writes $OUT/runs.jsonl (a line per process) and $OUT/verdict.md; prints the verdict lines.
+set -u
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-/tmp/strata-speed-verdict}
+ROUNDS=${ROUNDS:-6}
+MODELS=${MODELS:-gpt2_varlen gpt2 resnet18}
+CONF=${CONF:-}
+STEPS=${STEPS:-48}
+BUDGET_S=${BUDGET_S:-540}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+T0=$SECONDS
+{ cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
+    -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON &&
+  cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 ||
+  { echo "FAIL build: the plug-in did not build (see $OUT/build.txt)"; exit 1; }
+export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+
+# one MODEL ALLOC ROUND: one training process; its JSON line, with the round, appended to runs.jsonl.
+one() {
+  local extra=()
+  [ "$2" = strata ] && [ -n "$CONF" ] && extra=(--conf "$CONF")
+  python3 tests/device/torch/train.py --model "$1" --alloc "$2" --mode perf --steps "$STEPS" "${extra[@]}" \
+    2>>"$OUT/err.txt" | tail -1 > "$OUT/last.json"
+  python3 - "$OUT/last.json" "$3" >> "$OUT/runs.jsonl" <<'PY' || echo "{\"model\": \"$1\", \"alloc\": \"$2\", \"round\": $3, \"failed\": true}" >> "$OUT/runs.jsonl"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(json.dumps({"model": d["model"], "alloc": d["alloc"], "round": int(sys.argv[2]), "conf": d.get("conf", ""),
+                  "steps_per_s": d["steps_per_s"], "peak_reserved": d["peak_reserved"],
+                  "peak_allocated": d["peak_allocated"]}))
+PY
+}
+
+for m in $MODELS; do
+  for ((r = 0; r < ROUNDS; r++)); do
+    if ((SECONDS - T0 > BUDGET_S)); then
+      echo "{\"model\": \"$m\", \"round\": $r, \"not_run\": true}" >> "$OUT/runs.jsonl"
+      continue
+    fi
+    if ((r % 2 == 0)); then one "$m" native $r; one "$m" strata $r; else one "$m" strata $r; one "$m" native $r; fi
+  done
+done
+python3 tests/device/torch/speed_verdict.py "$OUT/runs.jsonl" --markdown "$OUT/verdict.md"
