@@ -1,6 +1,7 @@
 """Host cost of one tensor allocation and free through PyTorch, for one allocator; prints one JSON line.
 
     python3 alloc_cost.py --alloc strata --conf stack=default
+    python3 alloc_cost.py --alloc floor --floor-lib libfloor_alloc.so   # PyTorch's plugged path alone (floor_alloc.cpp)
 
 Three loops of torch.empty + del on the current stream (sizes 4 KiB to 4 MiB, a ring of 64 live tensors):
 `alone` (only the main stream ever used), `shared` (after a side stream allocated once and a tensor was
@@ -19,7 +20,8 @@ import time
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--alloc", choices=("native", "expandable", "strata"), required=True)
+    p.add_argument("--alloc", choices=("native", "expandable", "strata", "floor"), required=True)
+    p.add_argument("--floor-lib", help="floor_alloc.cpp built as a shared library (--alloc floor)")
     p.add_argument("--conf", default="stack=default")
     p.add_argument("--n", type=int, default=100000)
     args = p.parse_args()
@@ -29,6 +31,11 @@ def main():
         import strata_torch
         strata_torch.enable(args.conf)
     import torch
+    if args.alloc == "floor":
+        if not args.floor_lib:
+            sys.exit("--alloc floor needs --floor-lib (floor_alloc.cpp built as a shared library)")
+        plugged = torch.cuda.memory.CUDAPluggableAllocator(args.floor_lib, "floor_malloc", "floor_free")
+        torch.cuda.memory.change_current_allocator(plugged)
 
     sizes = [4096 << (i % 11) for i in range(64)]
     ring = [None] * 64
