@@ -50,7 +50,7 @@ namespace strata {
 /// exception is an owner whose handle never dies, the legacy default stream (PyTorch's main stream, trace
 /// stream 0; a backend says which, `permanent_stream_backend`): its frees carry no event at all, and t, when it
 /// needs them, records one on the owner then (on the owner's device) and waits for it on the GPU — one event
-/// per take instead of one per free (7,614 events became 6 on the two-stream ViT trace). While a capture may be
+/// per take instead of one per free (on the two-stream ViT trace: docs/memory.md). While a capture may be
 /// under way its frees carry events as any owner's do (an event on the legacy stream would join a blocking
 /// stream's capture). When the
 /// policy runs out, a block of the same shape cached by another stream is handed over the same way; failing
