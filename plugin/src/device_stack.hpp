@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -15,13 +16,15 @@
 #include <strata/core/concepts.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/stream/cuda_events.hpp>
+#include <strata/stream/identified_stream.hpp>
 
 #include "recorded_uses.hpp"
 
 namespace strata::plugin {
 
 /// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
-/// Every call costs what the stack's call costs, plus one virtual call.
+/// Every call costs what the stack's call costs, plus one virtual call (less a driver call on the legacy stream).
 class device_stack {
 public:
   virtual ~device_stack() = default;
@@ -72,6 +75,7 @@ public:
 
   void* allocate(std::size_t bytes, cudaStream_t stream) override
   {
+    if (const identified_stream* legacy = legacy_if(stream, /*look_up=*/true)) return top_.allocate_async(bytes, default_alignment, *legacy);
     return top_.allocate_async(bytes, default_alignment, cuda::stream_ref{stream});
   }
 
@@ -154,12 +158,39 @@ private:
 
   void free_now(void* p, std::size_t bytes, cudaStream_t stream) noexcept
   {
+    if (const identified_stream* legacy = legacy_if(stream, /*look_up=*/false)) return top_.deallocate_async(p, bytes, default_alignment, *legacy);
     top_.deallocate_async(p, bytes, default_alignment, cuda::stream_ref{stream});
+  }
+
+  /// Streams are CUDA's, and the top of the stack takes them with their ids (the recorder takes handles only).
+  static constexpr bool identifies_streams = !Recorded && std::is_same_v<backend_type, cuda_events>;
+
+  /// The legacy default stream (PyTorch's main stream, handle 0) with its id, when `stream` is it: looked up
+  /// once, by the first allocation on it (the legacy stream's id is the device's: allocations always run with
+  /// the device current, a free may not when making it current failed), then stream_ordered tells it apart
+  /// with no driver call (one per allocate and per free otherwise). Null for other streams.
+  const identified_stream* legacy_if(cudaStream_t stream, bool look_up) noexcept
+  {
+    if constexpr (identifies_streams) {
+      if (explicit_stream(cuda::stream_ref{stream}).get() != cudaStreamLegacy) return nullptr;
+      if (!legacy_) {
+        if (!look_up) return nullptr;
+        try {
+          legacy_ = identify(cuda::stream_ref{cudaStreamLegacy});
+        } catch (...) {
+          return nullptr;  // the handle's own path reports the failure
+        }
+      }
+      return &*legacy_;
+    } else {
+      return nullptr;
+    }
   }
 
   std::unique_ptr<std::ofstream> file_;  // before top_: the recorder writes to it until it is destroyed
   top_type top_;
   recorded_uses<backend_type> uses_;
+  std::optional<identified_stream> legacy_;
 };
 
 } // namespace strata::plugin

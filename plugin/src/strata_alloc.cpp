@@ -87,6 +87,7 @@ struct device_slot {
   std::atomic<bool> built{false};
   std::unique_ptr<device_stack> stack;
   bool simulated = false;
+  void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
   std::size_t cap = SIZE_MAX;       ///< bytes in use allowed (limit=, set_memory_fraction)
   std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
   std::size_t device_memory = 0;
@@ -217,6 +218,8 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
     s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}}, stream_options<coalescing_stack>(c)}, c, device);
   }
+  strata::detail::scoped_device on(device);
+  s.context = strata::detail::current_context();
 }
 
 void flush_all_traces() noexcept;
@@ -244,12 +247,15 @@ device_slot& slot_for(int device)
   return s;
 }
 
-/// Makes the device current for a real stack's call (its events are created on the current device).
+/// Makes the device current for a real stack's call (its events are created on the current device). PyTorch
+/// calls from the device it allocates on: then the device's context is already current, which one driver
+/// query tells (cudaGetDevice alone costs several times more, and a scoped_device twice that).
 struct device_scope {
   std::optional<strata::detail::scoped_device> on;
   device_scope(const device_slot& s, int device)
   {
-    if (!s.simulated) on.emplace(device);
+    if (s.simulated || (s.context != nullptr && strata::detail::current_context() == s.context)) return;
+    on.emplace(device);
   }
 };
 

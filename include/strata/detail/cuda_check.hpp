@@ -53,17 +53,24 @@ F driver_entry_point(const char* name) noexcept
   return reinterpret_cast<F>(symbol);
 }
 
-/// Whether the calling thread has a current CUDA context (the driver's cuCtxGetCurrent: a thread-local read).
-/// A thread that never made a runtime call has none, yet cudaGetDevice already answers 0 there, so comparing
-/// devices cannot tell; driver calls made then fail with CUDA_ERROR_INVALID_CONTEXT. Where the driver cannot
-/// be asked, true: the runtime binds the context itself on its next call.
-inline bool context_current() noexcept
+/// The calling thread's current CUDA context (the driver's cuCtxGetCurrent: a thread-local read, a fraction of
+/// cudaGetDevice's cost, plugin/bench/plugin_cost.cpp); null when there is none or the driver cannot be asked.
+inline void* current_context() noexcept
 {
   using get_current_fn = int (*)(void** context);  // cuCtxGetCurrent(CUcontext*)
   static const auto get_current = driver_entry_point<get_current_fn>("cuCtxGetCurrent");
-  if (get_current == nullptr) return true;
   void* context = nullptr;
-  return get_current(&context) == 0 && context != nullptr;
+  return get_current != nullptr && get_current(&context) == 0 ? context : nullptr;
+}
+
+/// Whether the calling thread has a current CUDA context. A thread that never made a runtime call has none,
+/// yet cudaGetDevice already answers 0 there, so comparing devices cannot tell; driver calls made then fail
+/// with CUDA_ERROR_INVALID_CONTEXT. Where the driver cannot be asked, true: the runtime binds the context
+/// itself on its next call.
+inline bool context_current() noexcept
+{
+  static const bool driver_answers = driver_entry_point<int (*)(void**)>("cuCtxGetCurrent") != nullptr;
+  return !driver_answers || current_context() != nullptr;
 }
 
 /// Makes `device` current for a scope and restores the previous device, so sources never change the
