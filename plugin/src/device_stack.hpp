@@ -16,12 +16,24 @@
 #include <strata/core/concepts.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/pages/page_backend.hpp>
 #include <strata/stream/cuda_events.hpp>
 #include <strata/stream/identified_stream.hpp>
 
 #include "recorded_uses.hpp"
 
 namespace strata::plugin {
+
+/// What a stack has asked of CUDA so far, for memory_stats: the calls that cost host time beyond the pool's
+/// own bookkeeping. Page calls are zero for a stack without page mapping.
+struct stack_calls {
+  std::uint64_t events = 0;         ///< events recorded by the stream layer
+  std::uint64_t stream_waits = 0;   ///< cudaStreamWaitEvent calls (blocks handed between streams, orderings)
+  std::uint64_t host_waits = 0;     ///< the stream layer's host waits (event, stream or device synchronize)
+  std::uint64_t policy_calls = 0;   ///< allocations the stream layer could not serve from a stream's own frees
+  std::uint64_t relocations = 0;    ///< idle mappings moved to where they were needed
+  page_counters pages{};            ///< the page backend's driver calls (maps, unmaps, device waits, ...)
+};
 
 /// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
 /// Every call costs what the stack's call costs, plus one virtual call (less a driver call on the legacy stream).
@@ -43,6 +55,7 @@ public:
   virtual void release() = 0;
   virtual strata::usage usage() const noexcept = 0;
   virtual std::size_t held_bytes() const noexcept = 0;
+  virtual stack_calls calls() const noexcept = 0;
   virtual std::string snapshot_json() const = 0;
   /// Flushes the trace file, if recording; false on a write error.
   virtual bool flush_trace() noexcept = 0;
@@ -101,6 +114,22 @@ public:
 
   strata::usage usage() const noexcept override { return inner().usage(); }
   std::size_t held_bytes() const noexcept override { return uses_.held_bytes(); }
+
+  stack_calls calls() const noexcept override
+  {
+    const auto& layer = inner().stats();
+    stack_calls c{.events = layer.events,
+                  .stream_waits = layer.handovers + layer.orderings,
+                  .host_waits = layer.host_waits,
+                  .policy_calls = layer.misses,
+                  .relocations = 0,
+                  .pages = {}};
+    if constexpr (requires { inner().policy().page_calls(); }) {
+      c.pages = inner().policy().page_calls();
+      c.relocations = inner().policy().relocations();
+    }
+    return c;
+  }
 
   std::string snapshot_json() const override
   {

@@ -352,11 +352,13 @@ std::string stats_json(device_slot* s, const std::string& stack_name)
   device_stats st{};
   strata::usage u{};
   std::size_t held = 0;
+  stack_calls calls{};
   if (s != nullptr) {
     std::lock_guard lock(*s->mutex);
     st = s->stats;
     u = s->stack->usage();
     held = s->stack->held_bytes();
+    calls = s->stack->calls();
   }
   auto field = [](std::string& out, const char* key, auto value) {
     out += '"';
@@ -389,6 +391,19 @@ std::string stats_json(device_slot* s, const std::string& stack_name)
   field(out, "strata.in_use_bytes", u.in_use);
   field(out, "strata.held_for_other_streams_bytes", held);
   field(out, "strata.limit_bytes", s != nullptr ? s->cap : std::size_t{0});
+  // What the stack asked of CUDA so far (counts since the stack was built): a loop whose counts grow per step
+  // pays driver calls or waits every step.
+  field(out, "strata.calls.events", calls.events);
+  field(out, "strata.calls.stream_waits", calls.stream_waits);
+  field(out, "strata.calls.host_waits", calls.host_waits);
+  field(out, "strata.calls.policy", calls.policy_calls);
+  field(out, "strata.calls.relocations", calls.relocations);
+  field(out, "strata.calls.page_maps", calls.pages.maps);
+  field(out, "strata.calls.page_unmaps", calls.pages.unmaps);
+  field(out, "strata.calls.page_creates", calls.pages.creates);
+  field(out, "strata.calls.page_releases", calls.pages.releases);
+  field(out, "strata.calls.page_access", calls.pages.access_calls);
+  field(out, "strata.calls.page_device_waits", calls.pages.synchronizes);
   out += "\"strata.stack\":\"";
   out += stack_name;
   out += "\"}";

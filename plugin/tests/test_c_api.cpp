@@ -180,6 +180,34 @@ TEST_CASE("C API: malloc and free on simulated streams, counted in memory_stats 
         }) == "");
 }
 
+TEST_CASE("C API: memory_stats counts the page calls the stack made, and empty_cache's unmaps")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(stat(0, "strata.calls.page_maps") == 0);  // nothing built yet
+          void* p = strata_malloc(3 * MiB, 0, nullptr);
+          EXPECT(p != nullptr);
+          const long long maps = stat(0, "strata.calls.page_maps");
+          EXPECT(maps >= 1);
+          EXPECT(stat(0, "strata.calls.page_creates") == maps);  // each mapping is one physical allocation
+          EXPECT(stat(0, "strata.calls.page_access") >= 1);
+          strata_free(p, 3 * MiB, 0, nullptr);
+          void* q = strata_malloc(3 * MiB, 0, nullptr);  // the same pages again: no new call
+          EXPECT(q != nullptr);
+          EXPECT(stat(0, "strata.calls.page_maps") == maps);
+          EXPECT(stat(0, "strata.calls.page_unmaps") == 0);
+          strata_free(q, 3 * MiB, 0, nullptr);
+          strata_reset();  // empty_cache: one device wait, then every idle mapping goes
+          EXPECT(stat(0, "strata.calls.page_unmaps") == maps);
+          EXPECT(stat(0, "strata.calls.page_releases") == maps);
+          EXPECT(stat(0, "strata.calls.page_device_waits") >= 1);
+          EXPECT(stat(0, "strata.calls.relocations") == 0);
+          EXPECT(stat(0, "strata.calls.events") == 0);  // one stream: nothing to order against
+          EXPECT(stat(0, "strata.calls.stream_waits") == 0);
+          EXPECT(stat(0, "strata.calls.policy") == 2);  // one stream's frees go straight back to the policy
+        }) == "");
+}
+
 TEST_CASE("C API: memory_stats_json writes only when the buffer fits, and always says the length")
 {
   CHECK(in_child([](expectations& ex) {

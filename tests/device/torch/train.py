@@ -104,6 +104,8 @@ def main():
         if args.mode == "perf" and step + 1 >= args.warmup and (step + 1 - args.warmup) % args.window == 0:
             torch.cuda.synchronize()   # only at window edges: in between, the host runs ahead as in training
             times.append(time.perf_counter())
+            if args.alloc == "strata" and len(times) == 1:
+                calls_at_start = strata_calls()
     torch.cuda.synchronize()
     result["losses"] = [float(v) for v in torch.stack(losses).cpu()]
     result["losses_hex"] = [v.hex() for v in result["losses"]]
@@ -112,12 +114,21 @@ def main():
     if args.mode == "perf":
         result["steps_per_s"] = [args.window / (b - a) for a, b in zip(times, times[1:])]
         result["steps_per_s_median"] = statistics.median(result["steps_per_s"])
+        if args.alloc == "strata":   # what the stack asked of CUDA per timed step (driver calls, waits, events)
+            timed_steps = args.window * (len(times) - 1)
+            result["strata_calls_per_step"] = {k: (v - calls_at_start[k]) / timed_steps
+                                               for k, v in strata_calls().items()}
     result.update(peaks(torch, args.alloc))
     if args.alloc == "strata":
         result["strata_stats"] = {k: v for k, v in strata_torch.memory_stats().items()
                                   if not isinstance(v, (dict, list))}
         print(strata_torch.memory_summary(), file=sys.stderr)
     print(json.dumps(result))
+
+
+def strata_calls():
+    import strata_torch
+    return {k: v for k, v in strata_torch.memory_stats().items() if k.startswith("strata.calls.")}
 
 
 def reserved(torch, alloc):
