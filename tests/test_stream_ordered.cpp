@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <strata/adaptor/checked.hpp>
+#include <strata/default_pool.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
@@ -771,4 +773,55 @@ TEST_CASE("checked over stream_ordered: streams compared by id, a bounded free r
   CHECK_THROWS_WITH_AS(r.deallocate(blocks[9], 5120, 256), doctest::Contains("double free"), usage_error);
   CHECK_THROWS_WITH_AS(r.deallocate(blocks[0], 512, 256), doctest::Contains("never handed out"), usage_error);
   CHECK(r.outstanding() == 0);
+}
+
+// PyTorch's training loop with a copy stream: each step the side stream allocates the next batch, the main
+// stream (the legacy stream, the owner) allocates and frees activations, and each batch is freed on the side
+// stream a few steps later (PyTorch's record_stream holds it until the main stream's work with it is done,
+// and the host runs steps ahead of the GPU). The side stream's freed batches must stay its own while the
+// policy has room: were they handed to the policy at the owner's misses, the side stream's next batch would
+// come from the policy and wait for all the main stream's queued work (a cudaStreamWaitEvent), which
+// serializes the copy with the compute it was meant to overlap (measured: 0.8 such waits per ResNet-18 step).
+TEST_CASE("stream_ordered: a side stream reuses its own freed batches, never waiting for the owner, while the policy has room")
+{
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  simulated_streams world;
+  planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * MiB, std::size_t{8} << 30}}, {}, simulated_events{world}};
+  const cuda::stream_ref main{cudaStreamLegacy};
+  const cuda::stream_ref side = world.create();
+  const std::size_t activations[] = {3 * MiB, 12 * MiB, 800 * 1024, 6 * MiB, 512, 25 * MiB, 1536 * 1024};
+  constexpr std::size_t batch_bytes = 38 * MiB;
+  void* weights = pool.allocate_async(45 * MiB, 256, main);  // the model first, on the main stream: it owns the pool
+  REQUIRE(pool.owner() == world.id_of(main));
+  std::deque<void*> in_flight;  // batches not yet freed: the host is `lag` steps ahead
+  constexpr int steps = 60, warm = 8, lag = 3;
+  std::uint64_t waits_at_warm = 0, hits_at_warm = 0;
+  std::size_t physical_at_warm = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (step == warm) {
+      waits_at_warm = pool.stats().orderings + pool.stats().handovers + pool.stats().host_waits;
+      hits_at_warm = pool.stats().hits;
+      physical_at_warm = pool.policy().physical_bytes();
+    }
+    std::vector<void*> live;
+    for (std::size_t a : activations) {  // the forward pass, queued on the main stream
+      live.push_back(pool.allocate_async(a, 256, main));
+      world.launch(main);
+    }
+    in_flight.push_back(pool.allocate_async(batch_bytes, 256, side));  // meanwhile, the next batch's copy
+    world.launch(side);
+    world.finish(side);  // copies are quick; the main stream's work is still queued
+    for (std::size_t i = live.size(); i-- > 0;) pool.deallocate_async(live[i], activations[i], 256, main);
+    if (in_flight.size() > lag) {
+      pool.deallocate_async(in_flight.front(), batch_bytes, 256, side);
+      in_flight.pop_front();
+    }
+    world.finish(main);  // the GPU catches up at the step's end: the next step's work is queued behind nothing
+  }
+  CHECK(pool.stats().hits - hits_at_warm == steps - warm);  // every batch from the side stream's own frees
+  CHECK(pool.stats().orderings + pool.stats().handovers + pool.stats().host_waits == waits_at_warm);
+  CHECK(pool.policy().physical_bytes() == physical_at_warm);  // and no memory grows for it
+  CHECK(pool.owner() == world.id_of(main));
+  for (void* b : in_flight) pool.deallocate_async(b, batch_bytes, 256, side);
+  pool.deallocate_async(weights, 45 * MiB, 256, main);
 }

@@ -40,7 +40,11 @@ namespace strata {
 /// freeing more. A block freed on any other stream s goes to s's own free lists (binned by the size the policy
 /// would give it and the alignment): the next request of that shape on s takes it back at once. Once an event recorded on s after
 /// such blocks has completed (recorded in batches: once `frees_per_event` blocks or `bytes_per_event` bytes
-/// lack one, or when s misses), they go back to the policy, checked at every miss.
+/// lack one, or when s misses), they go back to the policy: at s's own misses, and at any stream's miss the
+/// policy could not serve without growing (`has_room_for`; every miss for a policy that cannot tell). Until
+/// then they stay s's: a stream that keeps allocating the shapes it frees (a copy stream's batches) reuses its
+/// own blocks, where taking from the policy would make it wait for all the owner's queued work and serialize
+/// the copy with the compute it was meant to overlap.
 /// Before another stream t (not the owner) takes anything from the policy while the owner has frees not yet
 /// known complete, t is made to wait for them on the GPU (cudaStreamWaitEvent, no host wait): once a second
 /// stream has used the layer, every owner free records an event after itself, on the owner's stream during
@@ -1364,8 +1368,8 @@ private:
     }
   }
 
-  /// Blocks go back to the policy as soon as they are known safe (checked here, at every miss), so they
-  /// merge before the policy is asked; set-aside synchronous frees are waited for before the policy grows.
+  /// The stream's own safe blocks go back to the policy here, so they merge before the policy is asked;
+  /// other streams' safe blocks, and set-aside synchronous frees, before the policy grows.
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host, bool capture_checked)
   {
     if (checks_capture() && !capture_checked && captures(stream)) refuse_capture("an allocation missed its stream's cache");
@@ -1374,7 +1378,10 @@ private:
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
     if (!for_host && &s == owner_ && events_pending_ == 0 && cached_blocks_ == 0 && deferred_.empty())
       return grow_policy(sh);
-    if (events_pending_ > 0) reap_all(s);
+    if (events_pending_ > 0) {  // other streams keep their blocks until the policy would grow (see the class comment)
+      reap_owner();
+      reap(s);
+    }
     make_policy_safe_for(s, stream, for_host);
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
       cover(s, stream);
