@@ -91,9 +91,9 @@ int main(int argc, char** argv)
   }
   using namespace strata;
   std::vector<std::pair<std::string, double>> rows;
-  auto row = [&rows](const char* name, double ns) {
-    std::printf("%-62s %8.1f ns\n", name, ns);
-    rows.emplace_back(name, ns);
+  auto row = [&rows](const char* name, double value, const char* unit = "ns") {
+    std::printf("%-62s %8.1f %s\n", name, value, unit);
+    rows.emplace_back(name, value);
   };
   std::printf("host time on %s (best of repetitions)\n", prop.name);
   row("pair: strata_malloc + strata_free (stream 0, as PyTorch calls)",
@@ -106,6 +106,16 @@ int main(int argc, char** argv)
     const identified_stream id = identify(legacy);
     row("pair: the same stack directly, identified stream",
         pair_ns([&](std::size_t n) { return pool.allocate_async(n, 256, id); }, [&](void* p, std::size_t n) { pool.deallocate_async(p, n, 256, id); }));
+  }
+  {
+    // The library's own defaults reclaim idle memory at the high-water mark instead of relocating it: on this
+    // steady loop, whose blocks land on other pages from round to round, that is a device wait and a
+    // map/unmap every few rounds (docs/memory.md, "Known limit").
+    default_pool pool = make_default_pool();
+    const cuda::stream_ref legacy{cudaStreamLegacy};
+    row("pair: default_pool with the library's defaults (reclaiming)",
+        pair_ns([&](std::size_t n) { return pool.allocate_async(n, 256, legacy); }, [&](void* p, std::size_t n) { pool.deallocate_async(p, n, 256, legacy); }, 4000));
+    row("  its device waits per 1000 pairs", 1000.0 * static_cast<double>(pool.policy().page_calls().synchronizes) / (7.0 * 4000 * depth), "");
   }
   {
     mapped_pool<driver_pages>::options o;
@@ -127,7 +137,7 @@ int main(int argc, char** argv)
   if (!json_path.empty()) {
     std::ofstream json(json_path);
     json << "{\"device\":\"" << prop.name << "\",\"rows\":[";
-    for (std::size_t i = 0; i < rows.size(); ++i) json << (i ? "," : "") << "{\"name\":\"" << rows[i].first << "\",\"ns\":" << rows[i].second << "}";
+    for (std::size_t i = 0; i < rows.size(); ++i) json << (i ? "," : "") << "{\"name\":\"" << rows[i].first << "\",\"value\":" << rows[i].second << "}";
     json << "]}\n";
   }
   return 0;
