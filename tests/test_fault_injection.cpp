@@ -86,6 +86,7 @@ namespace {
 /// stream_ordered over simulated streams: blocks alternate between two streams, and a stream has work
 /// pending when one of its blocks is freed, so frees wait on events.
 struct two_streams {
+  static constexpr bool free_may_merge = true;  // stream_ordered: see check_unchanged
   std::shared_ptr<simulated_streams> world = std::make_shared<simulated_streams>();  // shared by the sweep's copies
   cuda::stream_ref streams[2] = {world->create(), world->create()};
 

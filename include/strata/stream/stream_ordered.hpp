@@ -1237,9 +1237,15 @@ private:
   void reap_all(const stream_state& keep)
   {
     reap_owner();
+    for (auto& [id, s] : streams_) reap(*s);
+    forget_empty_streams(keep);
+  }
+
+  /// Streams with nothing cached and no event pending are forgotten (destroyed streams never come back).
+  void forget_empty_streams(const stream_state& keep) noexcept
+  {
     for (auto it = streams_.begin(); it != streams_.end();) {
       stream_state& s = *it->second;
-      reap(s);
       if (s.empty() && &s != &keep && &s != owner_) {
         if (last_state_ == &s) last_state_ = nullptr;
         it = streams_.erase(it);
@@ -1381,6 +1387,7 @@ private:
     if (events_pending_ > 0) {  // other streams keep their blocks until the policy would grow (see the class comment)
       reap_owner();
       reap(s);
+      forget_empty_streams(s);
     }
     make_policy_safe_for(s, stream, for_host);
     if ((cached_blocks_ > 0 || !deferred_.empty()) && !policy_has_room(sh)) {
