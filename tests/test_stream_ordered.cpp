@@ -781,7 +781,7 @@ TEST_CASE("checked over stream_ordered: streams compared by id, a bounded free r
 // and the host runs steps ahead of the GPU). The side stream's freed batches must stay its own while the
 // policy has room: were they handed to the policy at the owner's misses, the side stream's next batch would
 // come from the policy and wait for all the main stream's queued work (a cudaStreamWaitEvent), which
-// serializes the copy with the compute it was meant to overlap (measured: 0.8 such waits per ResNet-18 step).
+// serializes the copy with the compute it was meant to overlap (measured: 0.6-0.8 such waits per ResNet-18 step).
 TEST_CASE("stream_ordered: a side stream reuses its own freed batches, never waiting for the owner, while the policy has room")
 {
   constexpr std::size_t MiB = std::size_t{1} << 20;

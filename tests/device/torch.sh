@@ -22,12 +22,9 @@ if [[ "${STRATA_PY_INSTALL:-cmake}" == pip ]]; then
   export PYTHONPATH=/tmp/strata-py-site${PYTHONPATH:+:$PYTHONPATH}
   unset STRATA_ALLOC_LIBRARY
 else
-  { cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
-      -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON &&
-    cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } >"$OUT/build.txt" 2>&1 \
+  source tests/device/torch/build_plugin.sh
+  strata_build_plugin "$OUT/build.txt" \
     || { echo "FAIL build: the plug-in did not build (see build.txt)"; tail -30 "$OUT/build.txt"; exit 1; }
-  export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
-  export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 fi
 echo "PASS build"
 # The host tests of the Python module, now with torch and a GPU: nothing may skip.

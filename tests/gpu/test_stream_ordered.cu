@@ -256,6 +256,18 @@ TEST_CASE("stream_ordered: out of memory with pending frees on another stream su
   REQUIRE(cudaStreamDestroy(owner) == cudaSuccess);
 }
 
+/// Eight 1 MiB blocks taken on `owner`; block `marked` is filled with `pattern` and, behind a long kernel,
+/// copied to `out`; then all eight are freed on `owner` while that work still runs.
+void free_while_busy(layer_t& layer, cudaStream_t owner, void* out, int marked, std::uint32_t pattern)
+{
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(layer.allocate_async(1 << 20, 256, owner));
+  strata::testing::fill(blocks[marked], 1 << 20, pattern, owner);
+  strata::testing::sleep_kernel<<<1, 1, 0, owner>>>(long_kernel_ns);
+  REQUIRE(cudaMemcpyAsync(out, blocks[marked], 1 << 20, cudaMemcpyDeviceToDevice, owner) == cudaSuccess);
+  for (void* p : blocks) layer.deallocate_async(p, 1 << 20, 256, owner);
+}
+
 TEST_CASE("stream_ordered: the owner's frees merge at once; another stream takes them behind a GPU-side wait")
 {
   cudaStream_t a = make_stream(), b = make_stream();
@@ -263,12 +275,7 @@ TEST_CASE("stream_ordered: the owner's frees merge at once; another stream takes
   layer.share(b);  // known before a frees
   void* out = nullptr;
   REQUIRE(cudaMalloc(&out, 1 << 20) == cudaSuccess);
-  std::vector<void*> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(layer.allocate_async(1 << 20, 256, a));
-  strata::testing::fill(blocks[3], 1 << 20, 31, a);
-  strata::testing::sleep_kernel<<<1, 1, 0, a>>>(long_kernel_ns);
-  REQUIRE(cudaMemcpyAsync(out, blocks[3], 1 << 20, cudaMemcpyDeviceToDevice, a) == cudaSuccess);
-  for (void* p : blocks) layer.deallocate_async(p, 1 << 20, 256, a);
+  free_while_busy(layer, a, out, 3, 31);
   void* big = layer.allocate_async(8 << 20, 256, b);  // only the merged chunk fits: no host wait needed
   CHECK(layer.stats().host_waits == 0);
   CHECK(layer.stats().orderings == 1);
@@ -291,12 +298,7 @@ TEST_CASE("stream_ordered: a legacy-stream owner's frees carry no event; another
   layer.share(b);  // known before the owner frees: a created owner would now record an event per free
   void* out = nullptr;
   REQUIRE(cudaMalloc(&out, 1 << 20) == cudaSuccess);
-  std::vector<void*> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(layer.allocate_async(1 << 20, 256, legacy));
-  strata::testing::fill(blocks[5], 1 << 20, 41, legacy);
-  strata::testing::sleep_kernel<<<1, 1, 0, legacy>>>(long_kernel_ns);
-  REQUIRE(cudaMemcpyAsync(out, blocks[5], 1 << 20, cudaMemcpyDeviceToDevice, legacy) == cudaSuccess);
-  for (void* p : blocks) layer.deallocate_async(p, 1 << 20, 256, legacy);
+  free_while_busy(layer, legacy, out, 5, 41);
   CHECK(layer.owner() == identify(legacy).id());
   CHECK(layer.stats().events == 0);
   void* big = layer.allocate_async(8 << 20, 256, b);  // the merged chunk, behind one event recorded now

@@ -1177,12 +1177,8 @@ private:
     spare_events_.reserve(spare_events_.size() + events_pending_ + 1);
     const event e = spare_event(device);
     try {
-      if constexpr (permanent_stream_backend<Backend>) {
-        if (on_its_device) backend_.record_on(e, stream, device);
-        else backend_.record(e, stream);
-      } else {
-        backend_.record(e, stream);
-      }
+      if (on_its_device) record_on(e, stream, device);
+      else backend_.record(e, stream);
       events.push_back({e, covers_below, device});
     } catch (...) {
       spare_events_.push_back({e, device});
@@ -1261,7 +1257,7 @@ private:
   /// of one per free: the owner's handle must outlive every call (a permanent stream: the legacy default
   /// stream), and no capture may be under way (an event recorded on the legacy stream joins a blocking
   /// stream's capture; while one may go on, frees carry their events as for any owner).
-  bool covers_owner_on_demand() const noexcept { return owner_permanent_ && !capture_possible(); }
+  bool covers_owner_on_demand() const noexcept { return owner_ != nullptr && permanent(owner_->handle) && !capture_possible(); }
 
   bool permanent(cuda::stream_ref stream) const noexcept
   {
@@ -1269,12 +1265,19 @@ private:
     else return false;
   }
 
+  /// Records e on `stream` from a call on another stream, on `device` (only for a permanent stream, which a
+  /// backend without the capability never has).
+  void record_on(event e, cuda::stream_ref stream, int device)
+  {
+    if constexpr (permanent_stream_backend<Backend>) backend_.record_on(e, stream, device);
+    else backend_.record(e, stream);
+  }
+
   /// s's frees go straight to the policy from now on, and what s has cached goes there now: every
   /// block is safe for s itself. Only while the policy holds no other stream's unfinished frees.
   void become_owner(stream_state& s, cuda::stream_ref stream) noexcept
   {
     owner_ = &s;
-    owner_permanent_ = permanent(stream);
     while (!s.events.empty()) retire_front(s.events);
     flush_owner_cache();
     if (shared_ && !policy_clean() && !covers_owner_on_demand()) cover_owner(stream);  // the flushed blocks, for the other streams
@@ -1581,7 +1584,6 @@ private:
     events_pending_ = std::exchange(other.events_pending_, 0);
     owner_ = std::exchange(other.owner_, nullptr);
     shared_ = std::exchange(other.shared_, false);
-    owner_permanent_ = std::exchange(other.owner_permanent_, false);
     owner_frees_unneeded_ = std::exchange(other.owner_frees_unneeded_, 0);
     capturing_ = std::exchange(other.capturing_, {});
     watched_ = std::exchange(other.watched_, {});
@@ -1610,7 +1612,6 @@ private:
   stream_state* last_state_ = nullptr;
   stream_state* owner_ = nullptr;
   bool shared_ = false;  ///< a second stream has used the layer
-  bool owner_permanent_ = false;  ///< the owner's handle never dies (covers_owner_on_demand)
   std::size_t owner_frees_unneeded_ = 0;  ///< owner frees since another stream last needed them (owner_cover_window)
   /// A stream seen capturing in a call on it, never asked about again (see refuse_host_wait_under_capture).
   struct seen_capture {

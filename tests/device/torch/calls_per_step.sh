@@ -10,15 +10,8 @@ OUT=${OUT:-/tmp/strata-calls}
 MODEL=${MODEL:-resnet18}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
-TORCH_PREFIX=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) &&
-  export CMAKE_PREFIX_PATH=$TORCH_PREFIX${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-{ cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
-    -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON &&
-  cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 ||
-  { echo "FAIL build: the plug-in did not build (see $OUT/build.txt)"; exit 1; }
-export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+source tests/device/torch/build_plugin.sh
+strata_build_plugin "$OUT/build.txt" || { echo "FAIL build: the plug-in did not build (see $OUT/build.txt)"; exit 1; }
 
 # one ALLOC SIDE LABEL: one training process (SIDE 0: the batch copied on the main stream).
 one() {

@@ -17,14 +17,8 @@ PARTS=${PARTS:-alloc_cost,train}
 MODELS=${MODELS:-gpt2 gpt2_varlen resnet18}
 CONFS=${CONFS:-stack=default stack=default,reclaim_headroom=0.0625 stack=default,reclaim=never stack=coalescing}
 ALLOC_CONFS=${ALLOC_CONFS:-stack=default stack=default,capture_check=always stack=default,owner_event_window=always stack=default,capture_check=always,owner_event_window=always stack=coalescing}
-export PATH=/usr/local/cuda/bin:$PATH
-TP=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-{ cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
-    -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON -DCMAKE_PREFIX_PATH="$TP" &&
-  cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 ||
-  { echo "the plug-in did not build (see $OUT/build.txt)"; exit 1; }
-export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
-export PYTHONPATH=$PWD/python
+source tests/device/torch/build_plugin.sh
+strata_build_plugin "$OUT/build.txt" || { echo "the plug-in did not build (see $OUT/build.txt)"; exit 1; }
 if [[ ",$PARTS," == *,alloc_cost,* ]]; then
   A=tests/device/torch/alloc_cost.py
   python3 $A --alloc native 2>>"$OUT/err.txt" | tee -a "$OUT/alloc_cost.jsonl"

@@ -17,17 +17,9 @@ CONF=${CONF:-}
 STEPS=${STEPS:-48}
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
-# PyTorch's CMake package, so the hooks library (torch.OutOfMemoryError) is built too, as torch.sh does.
-TORCH_PREFIX=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) &&
-  export CMAKE_PREFIX_PATH=$TORCH_PREFIX${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 T0=$SECONDS
-{ cmake -S . -B build-device-torch -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
-    -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TOOLS=OFF -DSTRATA_BUILD_CUDA=OFF -DSTRATA_BUILD_PLUGIN=ON &&
-  cmake --build build-device-torch --target strata_python_libs -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 ||
-  { echo "FAIL build: the plug-in did not build (see $OUT/build.txt)"; exit 1; }
-export STRATA_ALLOC_LIBRARY=$(find "$PWD/build-device-torch" -name libstrata_alloc.so | head -1)
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+source tests/device/torch/build_plugin.sh
+strata_build_plugin "$OUT/build.txt" || { echo "FAIL build: the plug-in did not build (see $OUT/build.txt)"; exit 1; }
 
 # one MODEL ALLOC ROUND: one training process; its JSON line, with the round, appended to runs.jsonl.
 one() {
