@@ -370,6 +370,7 @@ TEST_CASE("mapped_pool: bad options are std::invalid_argument")
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_slack_fraction = 2.0}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.min_mapping_fraction = -0.5}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.placement_candidates = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.persistent_reclaim_window = 100}), std::invalid_argument);  // under 128
   CHECK_THROWS_AS(simulated_pages(3 * mib), std::invalid_argument);  // not a power-of-two page
 }
 
@@ -475,6 +476,58 @@ TEST_CASE("mapped_pool: reclaim headroom lets a training-like loop settle instea
   CHECK(moved.waits_first_half + moved.waits_second_half == 0);
   CHECK(moved.peak_physical <= none.peak_physical + none.peak_physical / 20);  // for at most a twentieth more memory
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_headroom_fraction = 1.5}), std::invalid_argument);
+}
+
+TEST_CASE("mapped_pool: a loop that keeps reclaiming switches to relocation and stops waiting for the device")
+{
+  // Eight blocks of a ResNet-like mix, freed in reverse, the mix shifting each round (plugin_cost's loop): the
+  // live set never outgrows the high-water mark, but its blocks land on other pages from round to round, so
+  // reclaiming at the mark waits for the device every few rounds for as long as the loop runs.
+  constexpr std::size_t mix[] = {1605632, 802816, 401408, 3211264, 6422528, 12845056, 512, 4096, 147456, 2359296, 1048576, 65536};
+  struct outcome {
+    std::uint64_t waits_early, waits_late;
+    std::size_t peak_physical;
+    bool relocating;
+    int served;
+  };
+  const auto run = [&](std::size_t window) {
+    pool_t pool{simulated_pages{}, {.persistent_reclaim_window = window}};
+    testing::live_set all;
+    int served = 0;
+    std::uint64_t waits_early = 0;
+    for (int round = 0; round < 4000; ++round) {
+      if (round == 2000) waits_early = pool.page_calls().synchronizes;
+      testing::live_block held[8];
+      for (int k = 0; k < 8; ++k) {
+        const std::size_t n = mix[static_cast<std::size_t>(round * 5 + k * 7) % 12];
+        held[k] = {pool.allocate(n), n, 256};
+        REQUIRE(all.add(held[k]));
+        ++served;
+      }
+      if (round % 500 == 0) check_against_device(pool, all);
+      for (int k = 7; k >= 0; --k) {
+        REQUIRE(all.remove(held[k].p));
+        pool.deallocate(held[k].p, held[k].bytes);
+      }
+    }
+    const outcome o{waits_early, pool.page_calls().synchronizes - waits_early, pool.peak_physical_bytes(), pool.relocating(), served};
+    pool.release();
+    CHECK_FALSE(pool.relocating());  // release() starts over: reclaiming first again
+    CHECK(pool.physical_bytes() == 0);
+    return o;
+  };
+  const outcome fixed = run(0), defaults = run(4096);
+  MESSAGE("device waits in rounds 0-1999 / 2000-3999: never switching " << fixed.waits_early << " / " << fixed.waits_late
+          << ", defaults " << defaults.waits_early << " / " << defaults.waits_late << "; peak physical " << fixed.peak_physical / mib
+          << " vs " << defaults.peak_physical / mib << " MiB");
+  CHECK(fixed.served == 8 * 4000);
+  CHECK(defaults.served == fixed.served);
+  CHECK_FALSE(fixed.relocating);
+  CHECK(fixed.waits_late >= 500);  // the loop waits every few rounds, for ever
+  CHECK(defaults.relocating);
+  CHECK(defaults.waits_late == 0);  // switched within the first 2000 rounds (16,000 allocations) and never waits again
+  CHECK(defaults.waits_early * 3 < fixed.waits_early);  // only the first two windows' (8,192 allocations of 16,000) waited
+  CHECK(defaults.peak_physical <= fixed.peak_physical + fixed.peak_physical / 4);
 }
 
 TEST_CASE("mapped_pool: relocation maps idle memory where it is needed, with no wait and no new memory")

@@ -18,6 +18,7 @@
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
 #include <strata/detail/object_pool.hpp>
+#include <strata/detail/persistent_rate.hpp>
 #include <strata/detail/pointer_map.hpp>
 #include <strata/detail/tlsf_lists.hpp>
 #include <strata/pages/page_backend.hpp>
@@ -62,6 +63,7 @@ template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
 public:
   static constexpr std::size_t max_alignment = std::size_t{1} << 30;
+  static constexpr std::size_t reclaims_per_busy_window = 128;  ///< a busy window: one reclaim per this many allocations
 
   struct options {
     std::size_t max_physical = SIZE_MAX;                ///< never hold more physical memory than this
@@ -84,6 +86,12 @@ public:
     /// set less closely: up to 2.6 points more held/live on the shared traces, less on some; docs/memory.md).
     /// Off: every such growth is a reclaim (one device-wide wait), the least memory.
     bool relocate_idle = false;
+    /// A pool that keeps reclaiming at a steady rate is not growing to a new peak (growth reclaims in bursts:
+    /// at most a few hundred allocations long on the shared traces) but running a loop whose blocks land on
+    /// other pages each round, and it would wait for the device every few rounds for as long as the loop runs.
+    /// Once two windows of this many allocations in a row each reclaimed at least once per 128 allocations,
+    /// the pool relocates from then on, as with relocate_idle (until release()). 0: never switches.
+    std::size_t persistent_reclaim_window = 4096;
     /// Address space that relocations may leave mapped and out of use before the pool waits for the device
     /// once to unmap it all (sooner when it waits anyway). Costs no physical memory.
     std::size_t stale_address_limit = std::size_t{16} << 30;
@@ -106,9 +114,13 @@ public:
                                   std::to_string(page) + " bytes");
     if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0) ||
         !(opts.reclaim_headroom_fraction >= 0.0 && opts.reclaim_headroom_fraction <= 1.0) ||
-        !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0))
+        !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0) ||
+        (opts.persistent_reclaim_window != 0 && opts.persistent_reclaim_window < reclaims_per_busy_window))
       throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
-                                  "reclaim_slack_fraction, reclaim_headroom_fraction and min_mapping_fraction within [0, 1]");
+                                  "reclaim_slack_fraction, reclaim_headroom_fraction and min_mapping_fraction within [0, 1], "
+                                  "persistent_reclaim_window 0 or at least 128");
+    if (opts.persistent_reclaim_window != 0)
+      reclaims_ = detail::persistent_rate{opts.persistent_reclaim_window, opts.persistent_reclaim_window / reclaims_per_busy_window, 2};
   }
 
   mapped_pool(mapped_pool&& other) noexcept : backend_(std::move(other.backend_)), opts_(other.opts_) { take(other); }
@@ -130,6 +142,7 @@ public:
   {
     check_alignment("mapped_pool", alignment, max_alignment);
     if (bytes == 0) return nullptr;
+    reclaims_.tick();
     if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
     const std::size_t size = align_up(bytes, granule);
     band& bd = band_for(size);
@@ -187,6 +200,7 @@ public:
     if (idle_bytes_ > 0 || !stale_.empty()) reclaim(nullptr, 0, 0, SIZE_MAX, stale_.size());
     tidy_stale(false);
     high_water_ = physical_;  // asked to give memory back: growing to the old peak again is growth
+    reclaims_.reset();
     return before - physical_;
   }
 
@@ -226,6 +240,9 @@ public:
   std::size_t mappings() const noexcept { return mappings_live_; }
   /// Idle physical allocations moved to where new blocks needed memory (instead of waiting to give them back).
   std::uint64_t relocations() const noexcept { return relocations_; }
+  /// Whether idle memory is relocated before the pool waits to reclaim it: relocate_idle, or a persistent
+  /// reclaim rate seen since the last release() (options::persistent_reclaim_window).
+  bool relocating() const noexcept { return opts_.relocate_idle || reclaims_.persistent(); }
   /// Address space left mapped by relocations and not yet unmapped (aliases of memory held: no physical cost).
   std::size_t stale_bytes() const noexcept { return stale_bytes_; }
   /// Driver calls made so far (creates, maps, unmaps, device waits...).
@@ -562,7 +579,7 @@ private:
     const std::size_t budget = std::min(opts_.max_physical, std::max(high_water_, with_slack(live_after)));
     const std::size_t stale_before = stale_.size();
     try {
-      if (physical_ + needed > budget && idle_elsewhere > 0 && opts_.relocate_idle && may_relocate) {
+      if (physical_ + needed > budget && idle_elsewhere > 0 && relocating() && may_relocate) {
         const relocated moved = relocate(bd, first, last, span);
         needed -= moved.covered;
         idle_elsewhere -= moved.bytes;
@@ -585,7 +602,10 @@ private:
         } catch (...) {
           if (for_cap) throw;
         }
-        if (!for_cap) raise_high_water_after_reclaim();
+        if (!for_cap) {
+          raise_high_water_after_reclaim();
+          reclaims_.note();
+        }
       }
       if (physical_ + needed > opts_.max_physical)
         throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
@@ -1011,6 +1031,8 @@ private:
     stale_safe_ = std::exchange(other.stale_safe_, 0);
     stale_bytes_ = std::exchange(other.stale_bytes_, 0);
     relocations_ = std::exchange(other.relocations_, 0);
+    reclaims_ = other.reclaims_;
+    other.reclaims_.reset();
     physical_ = std::exchange(other.physical_, 0);
     peak_physical_ = std::exchange(other.peak_physical_, 0);
     high_water_ = std::exchange(other.high_water_, 0);
@@ -1034,6 +1056,7 @@ private:
   std::size_t stale_safe_ = 0;              ///< how many of the oldest stale ranges a device wait has covered
   std::size_t stale_bytes_ = 0;             ///< address space of stale ranges still mapped
   std::uint64_t relocations_ = 0;
+  detail::persistent_rate reclaims_{};      ///< reclaims under the high-water mark, per window of allocations
   std::size_t physical_ = 0;
   std::size_t peak_physical_ = 0;
   std::size_t high_water_ = 0;              ///< the most held since the last release(): reclaiming below it gains nothing
