@@ -49,6 +49,7 @@
 #include <strata/source/device_source.hpp>
 #include <strata/stream/stream_ordered.hpp>
 #include "bench_common.hpp"
+#include "random_ops.hpp"
 #include "../tools/replay/replay.hpp"
 
 namespace {
@@ -60,6 +61,8 @@ using clock_type = std::chrono::steady_clock;
 using counted_device = strata::statistics<strata::device_source>;  // its current bytes: what a stack reserved
 using strata::bench::median;
 using strata::replay::trace_event;
+using strata::bench::op;
+using strata::bench::random_ops;
 
 /// A CUDA error inside a measurement: thrown, so the row is reported as failed and the run goes on.
 void require(cudaError_t status, const char* what)
@@ -71,43 +74,6 @@ void require(cudaError_t status, const char* what)
 }
 
 // ---- The measurements, templates over the concrete allocator (no indirection of the harness's own) --------
-
-struct op {
-  bool allocate;
-  std::size_t slot;  // which live slot it fills or empties
-  std::size_t bytes;
-};
-
-/// 50/50 allocate/free with at most `max_live` live, the same sequence for every allocator.
-std::vector<op> random_ops(std::size_t count, std::size_t max_live, bool log_uniform, unsigned seed)
-{
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<std::size_t> uniform(1, std::size_t{1} << 20);
-  std::uniform_real_distribution<double> log_size(8, 26);  // 256 B .. 64 MiB
-  std::vector<op> ops;
-  ops.reserve(count);
-  std::vector<std::size_t> live, free_slots;
-  std::vector<std::size_t> sizes(max_live);
-  for (std::size_t s = max_live; s-- > 0;) free_slots.push_back(s);
-  while (ops.size() < count) {
-    const bool alloc = live.empty() || (!free_slots.empty() && (rng() & 1));
-    if (alloc) {
-      const std::size_t slot = free_slots.back();
-      free_slots.pop_back();
-      sizes[slot] = log_uniform ? static_cast<std::size_t>(std::exp2(log_size(rng))) : uniform(rng);
-      live.push_back(slot);
-      ops.push_back({true, slot, sizes[slot]});
-    } else {
-      const std::size_t k = rng() % live.size();
-      const std::size_t slot = live[k];
-      live[k] = live.back();
-      live.pop_back();
-      free_slots.push_back(slot);
-      ops.push_back({false, slot, sizes[slot]});
-    }
-  }
-  return ops;
-}
 
 /// Allocate then free `bytes`, repeated for about `budget` seconds (at least 3 pairs); ns per pair.
 template <class S>

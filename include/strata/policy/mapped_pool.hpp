@@ -44,7 +44,8 @@ namespace strata {
 /// after one wait for them all. What relocation cannot cover, the pool gets by waiting once for the device and
 /// unmapping and releasing idle mappings, those idle longest first, until the new memory fits under that mark
 /// (one host wait for a batch of mappings, never a wait per mapping, and unmapping never races work still
-/// using the memory). Blocks are placed where pages are already mapped when one of the first
+/// using the memory). Without relocate_idle, reclaims that go on at a steady rate (a loop, not growth:
+/// `persistent_reclaim_window`) switch relocation on until release(). Blocks are placed where pages are already mapped when one of the first
 /// `placement_candidates` free blocks that fit allows.
 /// A physical cap (`max_physical`) bounds what the pool holds; past it, idle mappings are reclaimed before
 /// out_of_memory. release() reclaims every idle mapping (what empty_cache does) and lowers the high-water
@@ -142,7 +143,6 @@ public:
   {
     check_alignment("mapped_pool", alignment, max_alignment);
     if (bytes == 0) return nullptr;
-    reclaims_.tick();
     if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
     const std::size_t size = align_up(bytes, granule);
     band& bd = band_for(size);
@@ -408,6 +408,7 @@ private:
     }
     carve(bd, b, start, size, front, tail);
     in_use_ += size;
+    reclaims_.tick();  // allocations served: a failed one leaves the count as it was
     return reinterpret_cast<void*>(start);
   }
 
