@@ -55,10 +55,18 @@ F driver_entry_point(const char* name) noexcept
 
 /// The calling thread's current CUDA context (the driver's cuCtxGetCurrent: a thread-local read, a fraction of
 /// cudaGetDevice's cost, plugin/bench/plugin_cost.cpp); null when there is none or the driver cannot be asked.
+using ctx_get_current_fn = int (*)(void** context);  // cuCtxGetCurrent(CUcontext*)
+
+/// cuCtxGetCurrent through the runtime's entry-point table, looked up once; null where the driver cannot be asked.
+inline ctx_get_current_fn ctx_get_current() noexcept
+{
+  static const auto get_current = driver_entry_point<ctx_get_current_fn>("cuCtxGetCurrent");
+  return get_current;
+}
+
 inline void* current_context() noexcept
 {
-  using get_current_fn = int (*)(void** context);  // cuCtxGetCurrent(CUcontext*)
-  static const auto get_current = driver_entry_point<get_current_fn>("cuCtxGetCurrent");
+  const ctx_get_current_fn get_current = ctx_get_current();
   void* context = nullptr;
   return get_current != nullptr && get_current(&context) == 0 ? context : nullptr;
 }
@@ -69,8 +77,7 @@ inline void* current_context() noexcept
 /// itself on its next call.
 inline bool context_current() noexcept
 {
-  static const bool driver_answers = driver_entry_point<int (*)(void**)>("cuCtxGetCurrent") != nullptr;
-  return !driver_answers || current_context() != nullptr;
+  return ctx_get_current() == nullptr || current_context() != nullptr;
 }
 
 /// Makes `device` current for a scope and restores the previous device, so sources never change the

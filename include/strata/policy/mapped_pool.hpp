@@ -87,8 +87,8 @@ public:
     /// set less closely: up to 2.6 points more held/live on the shared traces, less on some; docs/memory.md).
     /// Off: every such growth is a reclaim (one device-wide wait), the least memory.
     bool relocate_idle = false;
-    /// A pool that keeps reclaiming at a steady rate is not growing to a new peak (growth reclaims in bursts:
-    /// at most a few hundred allocations long on the shared traces) but running a loop whose blocks land on
+    /// A pool that keeps reclaiming at a steady rate is not growing to a new peak (growth reclaims in bursts
+    /// that end: no shared trace reaches the rate below, docs/memory.md) but running a loop whose blocks land on
     /// other pages each round, and it would wait for the device every few rounds for as long as the loop runs.
     /// Once two windows of this many allocations in a row each reclaimed at least once per 128 allocations,
     /// the pool relocates from then on, as with relocate_idle (until release()). 0: never switches.
