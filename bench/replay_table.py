@@ -1,5 +1,6 @@
 """Tabulates bench/replay_all.sh's JSON: peak held / peak live for each stack on each trace and scale, the
-worst case per stack, and driver calls per 1000 operations for the page-mapped stacks."""
+worst case per stack, driver calls per 1000 operations for the page-mapped stacks, and how often each stack took
+memory from the device per 100 allocations it served."""
 import glob
 import json
 import os
@@ -57,6 +58,21 @@ def main(folder):
             cells.append(f"{c['maps_per_1000_ops']:.1f} / {c['unmaps_per_1000_ops']:.1f} / {1000.0 * c['device_waits'] / ops:.2f}")
         if any(cells):
             print(f"| {stack} | " + " | ".join(cells) + " |")
+    print("\nAllocations taken from the device (chunks, or physical allocations for the page-mapped stacks) per 100")
+    print("allocations served, and the most over all runs:\n")
+    print("| stack | " + " | ".join(f"{t} x{s:g}" for t, s in columns) + " | most |")
+    print("|---|" + "---|" * (len(columns) + 1))
+    for stack, results in runs.items():
+        cells, most = [], 0.0
+        for key in columns:
+            r = results.get(key)
+            if r is None or r["failed"] or not r.get("allocations"):
+                cells.append("")
+                continue
+            percent = 100.0 * r["upstream_allocations"] / r["allocations"]
+            cells.append(f"{percent:.2f}")
+            most = max(most, percent)
+        print(f"| {stack} | " + " | ".join(cells) + f" | {most:.2f} |")
 
 
 if __name__ == "__main__":

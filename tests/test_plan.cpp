@@ -2,6 +2,7 @@
 // the PyTorch caching allocator model and the JSON report.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -211,6 +212,35 @@ TEST_CASE("planner: the timeline keeps each bucket's maximum, so its peaks are t
   const std::string json = plan::to_json(std::vector<plan::trace_plan>{tp});
   CHECK(json.rfind("{\"tool\":\"strata-plan\",\"version\":1,\"traces\":[{\"trace\":\"mixed\",\"operations\":1500,", 0) == 0);
   CHECK(json.find("\"name\":\"pytorch_caching\"") != std::string::npos);
+}
+
+TEST_CASE("replay: every stack counts the allocations it served and the device allocations it took")
+{
+  const auto events = replay::read_trace((inputs / "mixed.csv").string());
+  const auto served = static_cast<std::size_t>(std::count_if(events.begin(), events.end(), [](const trace_event& e) { return e.allocate; }));
+  for (const auto& spec : replay::standard_stacks()) {
+    CAPTURE(spec.key);
+    const auto r = spec.run(events, {});
+    REQUIRE_FALSE(r.failed);
+    CHECK(r.allocations == served);
+    CHECK(r.upstream_allocations >= 1);
+    CHECK(r.upstream_allocations <= r.upstream_calls);
+    if (r.has_page_calls) CHECK(r.upstream_allocations == r.page_calls.creates);
+    if (spec.key == "cudamalloc") CHECK(r.upstream_allocations == served);  // one device allocation per tensor
+  }
+  // A pool that reuses its chunk: one device allocation for a thousand served.
+  std::vector<trace_event> reuse;
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    reuse.push_back({true, i, std::size_t{1} << 20, 0});
+    reuse.push_back({false, i, std::size_t{1} << 20, 0});
+  }
+  for (const auto& spec : replay::standard_stacks()) {
+    if (spec.key != "coalescing_pool") continue;
+    const auto r = spec.run(reuse, {});
+    CHECK(r.allocations == 1000);
+    CHECK(r.upstream_allocations == 1);
+    CHECK(r.upstream_allocation_percent() == doctest::Approx(0.1));
+  }
 }
 
 TEST_CASE("planner: a 400,000-operation trace in one replay per stack stays linear (timeline of at most 2000 points)")

@@ -55,6 +55,8 @@ struct replay_result {
   bool out_of_memory = false;  ///< failed because the simulated device ran out
   std::string failure{};
   std::uint64_t upstream_calls = 0;  ///< allocations and frees made to the device (cudaMalloc/cudaFree or cuMemCreate/cuMemRelease)
+  std::uint64_t upstream_allocations = 0;  ///< of those, the allocations (chunks or physical allocations taken)
+  std::size_t allocations = 0;             ///< the trace's allocations the stack served
   bool has_page_calls = false;       ///< page-mapped stacks: the driver calls they made
   page_counters page_calls{};
   timeline line{};                        ///< when run_options::timeline_points
@@ -66,6 +68,11 @@ struct replay_result {
     return operations == 0 ? 0 : 1000.0 * static_cast<double>(calls) / static_cast<double>(operations);
   }
   double ratio() const { return peak_live == 0 ? 0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live); }
+  /// Device allocations per 100 allocations served: how often the stack's hot path fell through to the driver.
+  double upstream_allocation_percent() const
+  {
+    return allocations == 0 ? 0 : 100.0 * static_cast<double>(upstream_allocations) / static_cast<double>(allocations);
+  }
 };
 
 struct run_options {
@@ -114,6 +121,7 @@ replay_result run(std::string name, Driver& d, const std::vector<trace_event>& e
         void* p = d.allocate(e);
         if (o.timed) seconds += std::chrono::duration<double>(clock() - start).count();
         live[e.id] = {p, e.bytes, e.stream};
+        ++r.allocations;
         live_bytes += e.bytes;
         r.peak_live = std::max(r.peak_live, live_bytes);
         if (const std::size_t held = d.reserved(); held > r.peak_reserved) {
@@ -187,10 +195,12 @@ inline std::size_t physical_cap(std::size_t capacity) { return capacity == SIZE_
 
 using counted = statistics<ref<simulated_source>>;
 
-inline std::uint64_t calls_of(const counted& c)
+/// The device calls a chunked stack made: allocations, and the frees among them.
+inline void count_upstream(replay_result& r, const counted& c)
 {
   const auto n = c.snapshot_counts();
-  return n.total_blocks + (n.total_blocks - n.current_blocks);  // allocations, and the frees among them
+  r.upstream_allocations = n.total_blocks;
+  r.upstream_calls = n.total_blocks + (n.total_blocks - n.current_blocks);
 }
 
 template <class Pool>
@@ -231,7 +241,7 @@ replay_result chunked(const std::string& name, const std::vector<trace_event>& e
            [](const trace_event&) {}, [&] { return sim.allocated_bytes(); }, [&] { return largest_free_of(pool); },
            [&] { return pool.snapshot(); }};
   auto r = run(name, d, events, o);
-  r.upstream_calls = calls_of(source);
+  count_upstream(r, source);
   return r;
 }
 
@@ -254,7 +264,7 @@ inline replay_result segregated(const std::string& name, const std::vector<trace
              return s;
            }};
   auto r = run(name, d, events, o);
-  r.upstream_calls = calls_of(source);
+  count_upstream(r, source);
   return r;
 }
 
@@ -270,7 +280,7 @@ inline replay_result stream_ordered_coalescing(const std::string& name, const st
            [&](const trace_event& e) { streams.step(e.stream, o.lag); }, [&] { return sim.allocated_bytes(); },
            [&] { return layer.usage().largest_free; }, [&] { return layer.policy().snapshot(); }};
   auto r = run(name, d, events, o);
-  r.upstream_calls = calls_of(source);
+  count_upstream(r, source);
   return r;
 }
 
@@ -279,6 +289,7 @@ inline void add_page_calls(replay_result& r, const page_counters& calls)
   r.has_page_calls = true;
   r.page_calls = calls;
   r.upstream_calls = calls.creates + calls.releases;
+  r.upstream_allocations = calls.creates;
 }
 
 /// The recommended stack as planned without a GPU: default_pool's policy over simulated pages and streams.
@@ -344,7 +355,7 @@ inline replay_result cudamalloc_baseline(const std::string& name, const std::vec
              return s;
            }};
   auto r = run(name, d, events, o);
-  r.upstream_calls = calls_of(source);
+  count_upstream(r, source);
   return r;
 }
 
@@ -357,7 +368,7 @@ inline replay_result torch_like(const std::string& name, const std::vector<trace
            [&](void* p, std::size_t, const trace_event&) { pool.deallocate(p); }, [](const trace_event&) {},
            [&] { return sim.allocated_bytes(); }, [&] { return pool.usage().largest_free; }, [&] { return pool.snapshot(); }};
   auto r = run(name, d, events, o);
-  r.upstream_calls = calls_of(source);
+  count_upstream(r, source);
   return r;
 }
 
@@ -443,7 +454,8 @@ inline void write_json(const std::string& path, const std::string& trace, const 
     const auto& r = results[i];
     out << (i ? "," : "") << "{\"stack\":\"" << r.stack << "\",\"operations\":" << r.operations << ",\"ns_per_op\":" << r.ns_per_op
         << ",\"peak_live\":" << r.peak_live << ",\"peak_reserved\":" << r.peak_reserved << ",\"ratio\":" << r.ratio()
-        << ",\"upstream_calls\":" << r.upstream_calls << ",\"failed\":" << (r.failed ? "true" : "false");
+        << ",\"upstream_calls\":" << r.upstream_calls << ",\"allocations\":" << r.allocations
+        << ",\"upstream_allocations\":" << r.upstream_allocations << ",\"failed\":" << (r.failed ? "true" : "false");
     if (r.has_page_calls) {
       const auto& c = r.page_calls;
       out << ",\"page_calls\":{\"creates\":" << c.creates << ",\"maps\":" << c.maps << ",\"unmaps\":" << c.unmaps
