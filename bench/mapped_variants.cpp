@@ -57,6 +57,8 @@ std::vector<variant<Backend>> variants()
       {"no map-ahead (mappings sized to the run, up to 128 MiB)", opts{.min_mapping = 0}},
       {"mappings up to 32 MiB, no map-ahead", opts{.max_mapping = 32 * mib, .min_mapping = 0}},
       {"mappings 16-128 MiB (map-ahead not bounded by the memory held)", opts{.max_mapping = 128 * mib, .min_mapping = 16 * mib, .min_mapping_fraction = 1.0}},
+      {"mappings up to 16 MiB", opts{.max_mapping = 16 * mib}},
+      {"mappings up to 8 MiB", opts{.max_mapping = 8 * mib}},
       {"page by page (2 MiB mappings)", opts{.max_mapping = 2 * mib, .min_mapping = 0}},
       {"1% slack above live before reclaiming", opts{.reclaim_slack_fraction = 0.01}},
       {"64 placement candidates", opts{.placement_candidates = 64}},

@@ -572,6 +572,18 @@ factory owned_stack(std::function<std::unique_ptr<Stack>()> make, std::function<
           [keep] { keep->reset(); }};
 }
 
+/// The recommended stack with some of its options changed.
+factory default_pool_with(std::function<void(strata::default_pool_options&)> change)
+{
+  return owned_stack<strata::default_pool>(
+      [change] {
+        strata::default_pool_options o;
+        change(o);
+        return std::make_unique<strata::default_pool>(strata::make_default_pool(o));
+      },
+      [](const strata::default_pool& p) { return p.policy().physical_bytes(); });
+}
+
 /// THE table: every allocator the run measures, strata's stacks first. A new stack is one more row here.
 std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
 {
@@ -591,15 +603,9 @@ std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
      strata_stack<so_coalescing>([](counted_device& u) { return std::make_unique<so_coalescing>(coalescing_pool<ref_t>(ref_t(u))); })},
     {"strata stream_ordered<size_class_pool>",
      strata_stack<so_size_class>([](counted_device& u) { return std::make_unique<so_size_class>(size_class_pool<ref_t>(ref_t(u))); })},
-    {"strata default_pool", owned_stack<strata::default_pool>([] { return std::make_unique<strata::default_pool>(strata::make_default_pool()); },
-                                                              [](const strata::default_pool& p) { return p.policy().physical_bytes(); })},
-    {"strata default_pool (relocate idle: the plug-in's default)", owned_stack<strata::default_pool>(
-                                                                      [] {
-                                                                        strata::default_pool_options o;
-                                                                        o.pool.relocate_idle = true;
-                                                                        return std::make_unique<strata::default_pool>(strata::make_default_pool(o));
-                                                                      },
-                                                                      [](const strata::default_pool& p) { return p.policy().physical_bytes(); })},
+    {"strata default_pool", default_pool_with([](strata::default_pool_options&) {})},
+    {"strata default_pool (relocate idle: the plug-in's default)", default_pool_with([](strata::default_pool_options& o) { o.pool.relocate_idle = true; })},
+    {"strata default_pool (mappings up to 8 MiB)", default_pool_with([](strata::default_pool_options& o) { o.pool.max_mapping = std::size_t{8} << 20; })},
     {"strata mapped_pool", owned_stack<strata::mapped_pool<strata::driver_pages>>(
                              [] { return std::make_unique<strata::mapped_pool<strata::driver_pages>>(); },
                              [](const strata::mapped_pool<strata::driver_pages>& p) { return p.physical_bytes(); })},
