@@ -63,16 +63,19 @@ def main(folder):
     print("| stack | " + " | ".join(f"{t} x{s:g}" for t, s in columns) + " | most |")
     print("|---|" + "---|" * (len(columns) + 1))
     for stack, results in runs.items():
-        cells, most = [], 0.0
+        cells, most = [], None
         for key in columns:
             r = results.get(key)
-            if r is None or r["failed"] or not r.get("allocations"):
-                cells.append("")
+            if r is None or not r.get("allocations"):
+                cells.append("")  # not run, or JSON from before the tool counted allocations
+                continue
+            if r["failed"]:
+                cells.append("failed")
                 continue
             percent = 100.0 * r["upstream_allocations"] / r["allocations"]
             cells.append(f"{percent:.2f}")
-            most = max(most, percent)
-        print(f"| {stack} | " + " | ".join(cells) + f" | {most:.2f} |")
+            most = percent if most is None else max(most, percent)
+        print(f"| {stack} | " + " | ".join(cells) + f" | {'' if most is None else f'{most:.2f}'} |")
 
 
 if __name__ == "__main__":

@@ -256,8 +256,9 @@ std::vector<replay::replay_result> replay_on_device(const std::vector<replay::tr
     const std::size_t base = device_used();
     std::size_t calls = 0;
     replay::driver d{[&](const replay::trace_event& e) {
+                       void* p = source.allocate(e.bytes, 256);  // throws when refused: only served ones count
                        ++calls;
-                       return source.allocate(e.bytes, 256);
+                       return p;
                      },
                      [&](void* p, std::size_t bytes, const replay::trace_event&) {
                        ++calls;
@@ -270,6 +271,7 @@ std::vector<replay::replay_result> replay_on_device(const std::vector<replay::tr
                      [] { return strata::snapshot{}; }};
     auto r = replay::run("cudaMalloc per tensor (on the GPU)", d, events, o);
     r.upstream_calls = calls;
+    r.upstream_allocations = r.allocations;  // one cudaMalloc per tensor served
     results.push_back(std::move(r));
   }
   return results;
