@@ -93,31 +93,13 @@ double pair_latency(S& a, std::size_t bytes, double budget)
   return elapsed * 1e9 / static_cast<double>(pairs);
 }
 
-/// ns per operation over the sequence (the cleanup of what is still live is not timed).
+/// ns per operation over the sequence (the cleanup of what is still live is not timed), the device idle before
+/// and after.
 template <class S>
 double run_random(S& a, const std::vector<op>& ops, std::size_t max_live)
 {
-  std::vector<std::pair<void*, std::size_t>> slots(max_live, {nullptr, 0});
   require(cudaDeviceSynchronize(), "sync");
-  const auto t0 = clock_type::now();
-  double ns = 0;
-  try {
-    for (const op& o : ops) {
-      if (o.allocate) {
-        slots[o.slot] = {a.allocate(o.bytes, 256), o.bytes};
-      } else {
-        a.deallocate(slots[o.slot].first, slots[o.slot].second, 256);
-        slots[o.slot].first = nullptr;
-      }
-    }
-    ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / static_cast<double>(ops.size());
-  } catch (...) {
-    for (auto [p, n] : slots)
-      if (p != nullptr) a.deallocate(p, n, 256);
-    throw;
-  }
-  for (auto [p, n] : slots)
-    if (p != nullptr) a.deallocate(p, n, 256);
+  const double ns = strata::bench::run_ops(a, ops, max_live);
   require(cudaDeviceSynchronize(), "sync");
   return ns;
 }

@@ -4,7 +4,6 @@
 // through planning_pool (default_pool's twin) with the library's defaults and with relocate_idle, and prints
 // per sequence the host time per operation (bookkeeping only: simulated calls cost nothing) and the calls.
 //   build/bench/random_calls
-#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -17,31 +16,27 @@ namespace {
 
 using namespace strata;
 
+/// planning_pool on one stream, as bench/peers drives a stream-ordered stack.
+struct on_stream {
+  planning_pool& pool;
+  cuda::stream_ref stream;
+  void* allocate(std::size_t n, std::size_t a) { return pool.allocate_async(n, a, stream); }
+  void deallocate(void* p, std::size_t n, std::size_t a) { pool.deallocate_async(p, n, a, stream); }
+};
+
 void run(const char* name, const std::vector<bench::op>& ops, bool relocate)
 {
   simulated_streams world;
   mapped_pool<simulated_pages>::options opts;
   opts.relocate_idle = relocate;
   planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{}, opts}, planning_pool::options{}, simulated_events{world}};
-  const cuda::stream_ref s = world.create();
-  std::vector<std::pair<void*, std::size_t>> slots(2000, {nullptr, 0});
-  const auto start = std::chrono::steady_clock::now();
-  for (const bench::op& o : ops) {
-    if (o.allocate) {
-      slots[o.slot] = {pool.allocate_async(o.bytes, 256, s), o.bytes};
-    } else {
-      pool.deallocate_async(slots[o.slot].first, slots[o.slot].second, 256, s);
-      slots[o.slot].first = nullptr;
-    }
-  }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(ops.size());
+  on_stream bound{pool, world.create()};
+  const double ns = bench::run_ops(bound, ops, 2000);
   const page_counters c = pool.policy().page_calls();
   std::printf("%-12s %-18s %8.1f %8lu %8lu %8lu %8lu %8lu %10.2f\n", name, relocate ? "relocate_idle" : "library defaults", ns,
               static_cast<unsigned long>(c.maps), static_cast<unsigned long>(c.creates), static_cast<unsigned long>(c.unmaps),
               static_cast<unsigned long>(c.synchronizes), static_cast<unsigned long>(pool.policy().relocations()),
               static_cast<double>(pool.policy().peak_physical_bytes()) / double(1 << 30));
-  for (auto [p, n] : slots)
-    if (p != nullptr) pool.deallocate_async(p, n, 256, s);
 }
 
 } // namespace

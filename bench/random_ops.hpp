@@ -1,10 +1,13 @@
 #pragma once
-// bench/peers' random-allocation sequence, shared with bench/random_calls (which counts what the recommended
-// stack asks of the driver on it): 50/50 allocations and frees with at most `max_live` live, sizes uniform in
-// [1 B, 1 MiB] or log-uniform in [256 B, 64 MiB], the same sequence for every allocator.
+// bench/peers' random-allocation sequence and the loop that runs it, shared with bench/random_calls (which
+// counts what the recommended stack asks of the driver on it): 50/50 allocations and frees with at most
+// `max_live` live, sizes uniform in [1 B, 1 MiB] or log-uniform in [256 B, 64 MiB], the same sequence for every
+// allocator.
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace strata::bench {
@@ -44,6 +47,35 @@ inline std::vector<op> random_ops(std::size_t count, std::size_t max_live, bool 
     }
   }
   return ops;
+}
+
+/// Runs `ops` through `a` (anything with allocate(bytes, alignment) and deallocate(p, bytes, alignment)) and
+/// returns the ns per operation; what is still live afterwards is freed, untimed, and also when a call throws.
+template <class Allocator>
+double run_ops(Allocator& a, const std::vector<op>& ops, std::size_t max_live)
+{
+  std::vector<std::pair<void*, std::size_t>> slots(max_live, {nullptr, 0});
+  auto free_the_rest = [&] {
+    for (auto [p, n] : slots)
+      if (p != nullptr) a.deallocate(p, n, 256);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (const op& o : ops) {
+      if (o.allocate) {
+        slots[o.slot] = {a.allocate(o.bytes, 256), o.bytes};
+      } else {
+        a.deallocate(slots[o.slot].first, slots[o.slot].second, 256);
+        slots[o.slot].first = nullptr;
+      }
+    }
+  } catch (...) {
+    free_the_rest();
+    throw;
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(ops.size());
+  free_the_rest();
+  return ns;
 }
 
 } // namespace strata::bench

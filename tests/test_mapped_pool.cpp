@@ -10,6 +10,7 @@
 #include <strata/policy/mapped_pool.hpp>
 #include "support/conformance.hpp"
 #include "support/invariants.hpp"
+#include "../plugin/bench/steady_loop.hpp"
 
 using namespace strata;
 using pool_t = mapped_pool<simulated_pages>;
@@ -480,10 +481,10 @@ TEST_CASE("mapped_pool: reclaim headroom lets a training-like loop settle instea
 
 TEST_CASE("mapped_pool: a loop that keeps reclaiming switches to relocation and stops waiting for the device")
 {
-  // Eight blocks of a ResNet-like mix, freed in reverse, the mix shifting each round (plugin_cost's loop): the
-  // live set never outgrows the high-water mark, but its blocks land on other pages from round to round, so
-  // reclaiming at the mark waits for the device every few rounds for as long as the loop runs.
-  constexpr std::size_t mix[] = {1605632, 802816, 401408, 3211264, 6422528, 12845056, 512, 4096, 147456, 2359296, 1048576, 65536};
+  // plugin_cost's steady loop (plugin/bench/steady_loop.hpp): the live set never outgrows the high-water mark,
+  // but its blocks land on other pages from round to round, so reclaiming at the mark waits for the device
+  // every few rounds for as long as the loop runs.
+  static_assert(bench::steady_loop_depth == 8);
   struct outcome {
     std::uint64_t waits_early, waits_late;
     std::size_t peak_physical;
@@ -499,7 +500,7 @@ TEST_CASE("mapped_pool: a loop that keeps reclaiming switches to relocation and 
       if (round == 2000) waits_early = pool.page_calls().synchronizes;
       testing::live_block held[8];
       for (int k = 0; k < 8; ++k) {
-        const std::size_t n = mix[static_cast<std::size_t>(round * 5 + k * 7) % 12];
+        const std::size_t n = bench::steady_loop_size(round, k);
         held[k] = {pool.allocate(n), n, 256};
         REQUIRE(all.add(held[k]));
         ++served;

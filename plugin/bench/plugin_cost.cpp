@@ -18,13 +18,13 @@
 
 #include <strata/default_pool.hpp>
 
+#include "steady_loop.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-constexpr std::size_t mix[] = {1605632, 802816, 401408, 3211264, 6422528, 12845056, 512, 4096, 147456, 2359296, 1048576, 65536};
-constexpr std::size_t mix_count = sizeof mix / sizeof mix[0];
-constexpr int depth = 8;
+constexpr int depth = strata::bench::steady_loop_depth;
 
 /// ns per allocate+free pair over the pattern above.
 template <class Allocate, class Free>
@@ -37,7 +37,7 @@ double pair_ns(Allocate allocate, Free free, int rounds = 40000)
     const auto start = clock_type::now();
     for (int i = 0; i < rounds; ++i) {
       for (int k = 0; k < depth; ++k) {
-        n[k] = mix[static_cast<std::size_t>(i * 5 + k * 7) % mix_count];
+        n[k] = strata::bench::steady_loop_size(i, k);
         p[k] = allocate(n[k]);
       }
       for (int k = depth - 1; k >= 0; --k) free(p[k], n[k]);
