@@ -438,7 +438,9 @@ private:
 
   void commit_growth() noexcept
   {
-    for (auto& entry : retired_) recycle(entry.mapped().first);
+    // Straight to the node pool, never to the spares: allocate has already chosen the spare that its
+    // front split will take, and a retired node filed among the spares would be taken in its place.
+    for (auto& entry : retired_) nodes_.recycle(entry.mapped().first);
     retired_.clear();
     grown_ = nullptr;
   }
