@@ -66,6 +66,24 @@ STRATA_ALLOC_API void strata_reset_peak_stats(int device);
 STRATA_ALLOC_API size_t strata_snapshot_json(int device, char* buf, size_t len);
 STRATA_ALLOC_API int strata_record_flush(void);            /* flushes every device's trace (record=PATH): 0 ok */
 
+/* One device's figures as numbers (for the torch backend's statistics, no JSON to parse). */
+typedef struct strata_device_figures {
+  size_t reserved;                   /* bytes held from CUDA */
+  size_t in_use;                     /* bytes of blocks not free in the stack (held ones included) */
+  size_t largest_free;               /* the largest request served without new memory from CUDA */
+  size_t chunks;                     /* chunks or mappings held from CUDA */
+  size_t free_blocks;                /* free ranges inside the reserved memory */
+  size_t held_bytes;                 /* freed blocks waiting for other streams' recorded work */
+  size_t held_blocks;
+  size_t allocated;                  /* the plug-in's live bytes, as requested */
+  size_t limit;                      /* bytes in use allowed (limit=, set_memory_fraction); SIZE_MAX: none */
+  size_t device_memory;              /* the device's total memory (sim_capacity for stack=simulated) */
+  unsigned long long device_allocs;  /* physical allocations from the driver so far (page-mapped stacks; 0 otherwise) */
+  unsigned long long device_frees;   /* physical releases to the driver so far (page-mapped stacks; 0 otherwise) */
+} strata_device_figures;
+/* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
+STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);
+
 /* ---- CuPy: CFunctionAllocator(0, strata_cupy_malloc, strata_cupy_free, owner) -------------------------- */
 STRATA_ALLOC_API void* strata_cupy_malloc(void* param, size_t size, int device);  /* null on failure, as CuPy expects */
 STRATA_ALLOC_API void strata_cupy_free(void* param, void* ptr, int device);

@@ -55,6 +55,7 @@ public:
   virtual void release() = 0;
   virtual strata::usage usage() const noexcept = 0;
   virtual std::size_t held_bytes() const noexcept = 0;
+  virtual std::size_t held_blocks() const noexcept = 0;
   virtual stack_calls calls() const noexcept = 0;
   virtual std::string snapshot_json() const = 0;
   /// Flushes the trace file, if recording; false on a write error.
@@ -114,6 +115,7 @@ public:
 
   strata::usage usage() const noexcept override { return inner().usage(); }
   std::size_t held_bytes() const noexcept override { return uses_.held_bytes(); }
+  std::size_t held_blocks() const noexcept override { return uses_.held_blocks(); }
 
   stack_calls calls() const noexcept override
   {

@@ -654,6 +654,33 @@ int strata_record_flush(void)
   return failed;
 }
 
+int strata_device_figures_get(int device, strata_device_figures* out)
+{
+  if (out == nullptr || device < 0 || device >= max_devices) {
+    set_error("device_figures", out == nullptr ? std::string("null output") : "device " + std::to_string(device) + " is out of range");
+    return -1;
+  }
+  *out = strata_device_figures{};
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return 1;
+  std::lock_guard lock(*s->mutex);
+  const strata::usage u = s->stack->usage();
+  const stack_calls calls = s->stack->calls();
+  out->reserved = u.reserved;
+  out->in_use = u.in_use;
+  out->largest_free = u.largest_free;
+  out->chunks = u.chunks;
+  out->free_blocks = u.free_blocks;
+  out->held_bytes = s->stack->held_bytes();
+  out->held_blocks = s->stack->held_blocks();
+  out->allocated = s->stats.allocated;
+  out->limit = s->cap;
+  out->device_memory = s->device_memory;
+  out->device_allocs = calls.pages.creates;
+  out->device_frees = calls.pages.releases;
+  return 0;
+}
+
 // CuPy: its free passes neither size nor stream, so both are remembered per block.
 thread_local cudaStream_t cupy_stream = cudaStreamLegacy;
 

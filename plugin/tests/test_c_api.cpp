@@ -517,6 +517,45 @@ TEST_CASE("C API: snapshot JSON lists the pool's segments")
         }) == "");
 }
 
+TEST_CASE("C API: device figures agree with memory_stats and count held blocks")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=512MiB") == 0);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 1);  // nothing built yet: zeros
+          EXPECT(f.reserved == 0 && f.limit == 0);
+          EXPECT(strata_device_figures_get(0, nullptr) == -1);
+          EXPECT(strata_device_figures_get(64, &f) == -1);
+          EXPECT(mentions("out of range"));
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          void* p = strata_malloc(3 * MiB, 0, a);
+          void* q = strata_malloc(1000, 0, a);
+          EXPECT(p != nullptr && q != nullptr);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(static_cast<long long>(f.reserved) == stat(0, "reserved_bytes.all.current"));
+          EXPECT(static_cast<long long>(f.allocated) == stat(0, "allocated_bytes.all.current"));
+          EXPECT(static_cast<long long>(f.chunks) == stat(0, "segment.all.current"));
+          EXPECT(static_cast<long long>(f.largest_free) == stat(0, "strata.largest_free"));
+          EXPECT(static_cast<long long>(f.device_allocs) == stat(0, "strata.calls.page_creates"));
+          EXPECT(f.device_allocs >= 1 && f.device_frees == 0);
+          EXPECT(f.in_use >= 3 * MiB + 1000 && f.in_use <= f.reserved);
+          EXPECT(f.limit == 512 * MiB);
+          EXPECT(f.device_memory == 1024 * MiB);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);
+          strata_free(p, 3 * MiB, 0, a);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.held_bytes == 3 * MiB && f.held_blocks == 1);
+          EXPECT(f.allocated == 1000);
+          EXPECT(strata_sim_finish(b) == 0);
+          strata_free(q, 1000, 0, a);
+          strata_reset();
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.held_bytes == 0 && f.held_blocks == 0 && f.in_use == 0);
+          EXPECT(f.device_frees == f.device_allocs);
+        }) == "");
+}
+
 TEST_CASE("C API: record=PATH writes the recorder's trace, flushed on demand and at exit")
 {
   const std::string path = "/tmp/strata_plugin_test_trace_" + std::to_string(getpid()) + ".csv";

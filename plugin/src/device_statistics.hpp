@@ -1,0 +1,187 @@
+#pragma once
+// One device's memory statistics with PyTorch's meaning (torch.cuda.memory_stats), kept without PyTorch so the
+// host tests check them: the torch backend copies them into c10's DeviceStats field by field.
+//
+// What strata can say exactly, and how it maps:
+// - allocated / requested / allocation: the blocks handed to PyTorch and not freed, counted by the backend
+//   at each allocate and free, per pool kind (small: at most 1 MiB, PyTorch's small-pool limit).
+// - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call. strata
+//   has one pool per device, not a small and a large one: these are kept in the aggregate only.
+// - active: allocated, plus (aggregate only) blocks freed but held back for other streams' work.
+// - inactive_split: the free bytes inside strata's reserved memory (and blocks parked for CUDA graph pools),
+//   aggregate only: strata splits every chunk, so all of its free memory is PyTorch's "inactive split".
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::plugin {
+
+/// A figure as PyTorch keeps it: the current value, its peak since the last reset, and the totals added and
+/// removed since the last accumulated reset. O(1), no lock (the owner holds the device's).
+struct stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::size_t n) noexcept
+  {
+    current += static_cast<std::int64_t>(n);
+    allocated += static_cast<std::int64_t>(n);
+    if (current > peak) peak = current;
+  }
+  void decrease(std::size_t n) noexcept
+  {
+    current -= static_cast<std::int64_t>(n);
+    freed += static_cast<std::int64_t>(n);
+  }
+  /// Moves the current value to `value`, counting the difference as added or removed.
+  void set(std::size_t value) noexcept
+  {
+    const auto v = static_cast<std::int64_t>(value);
+    if (v > current) increase(static_cast<std::size_t>(v - current));
+    else decrease(static_cast<std::size_t>(current - v));
+  }
+  void reset_peak() noexcept { peak = current; }
+  void reset_accumulated() noexcept { allocated = freed = 0; }
+};
+
+/// PyTorch's pool kinds, in the order of c10's StatType and memory_stats()' keys.
+enum class pool_kind : std::size_t { all = 0, small_pool = 1, large_pool = 2 };
+inline constexpr std::size_t pool_kinds = 3;
+/// PyTorch serves requests up to this size from its small pool: the split the statistics follow.
+inline constexpr std::size_t small_request_limit = std::size_t{1} << 20;
+
+constexpr pool_kind kind_of(std::size_t bytes) noexcept
+{
+  return bytes <= small_request_limit ? pool_kind::small_pool : pool_kind::large_pool;
+}
+constexpr const char* key_of(pool_kind k) noexcept
+{
+  return k == pool_kind::all ? "all" : k == pool_kind::small_pool ? "small_pool" : "large_pool";
+}
+
+/// One figure per pool kind; a change to a block's kind changes the aggregate too.
+struct stat_array {
+  std::array<stat, pool_kinds> kinds{};
+
+  stat& operator[](pool_kind k) noexcept { return kinds[static_cast<std::size_t>(k)]; }
+  const stat& operator[](pool_kind k) const noexcept { return kinds[static_cast<std::size_t>(k)]; }
+  void increase(pool_kind k, std::size_t n) noexcept
+  {
+    (*this)[pool_kind::all].increase(n);
+    (*this)[k].increase(n);
+  }
+  void decrease(pool_kind k, std::size_t n) noexcept
+  {
+    (*this)[pool_kind::all].decrease(n);
+    (*this)[k].decrease(n);
+  }
+  void reset_peak() noexcept
+  {
+    for (auto& s : kinds) s.reset_peak();
+  }
+  void reset_accumulated() noexcept
+  {
+    for (auto& s : kinds) s.reset_accumulated();
+  }
+};
+
+/// What strata's stack says about the device after a call: the figures the statistics observe.
+struct stack_figures {
+  std::size_t reserved = 0;      ///< bytes held from CUDA
+  std::size_t in_use = 0;        ///< bytes of blocks not free in the stack (held and parked ones included)
+  std::size_t chunks = 0;        ///< segments held from CUDA
+  std::size_t free_blocks = 0;   ///< free ranges inside the reserved memory
+  std::size_t held_bytes = 0;    ///< freed blocks waiting for other streams' work
+  std::size_t held_blocks = 0;
+  std::uint64_t device_allocs = 0;  ///< driver allocations since the stack was built
+  std::uint64_t device_frees = 0;
+};
+
+/// The statistics of torch.cuda.memory_stats() for one device. Models: PyTorch's DeviceStats (same figures,
+/// same reset rules). Cost: O(1) per event; not thread-safe (the backend holds the device's lock).
+class device_statistics {
+public:
+  stat_array allocation, segment, active, inactive_split;
+  stat_array allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+
+  /// A block of `bytes` (asked for `requested`) handed out.
+  void on_allocate(std::size_t bytes, std::size_t requested) noexcept
+  {
+    const pool_kind k = kind_of(bytes);
+    allocation.increase(k, 1);
+    allocated_bytes.increase(k, bytes);
+    requested_bytes.increase(k, requested);
+    live_active_.increase(k, 1);
+    live_active_bytes_.increase(k, bytes);
+  }
+  /// A block handed out by on_allocate is freed (or parked for a graph pool).
+  void on_free(std::size_t bytes, std::size_t requested) noexcept
+  {
+    const pool_kind k = kind_of(bytes);
+    allocation.decrease(k, 1);
+    allocated_bytes.decrease(k, bytes);
+    requested_bytes.decrease(k, requested);
+    live_active_.decrease(k, 1);
+    live_active_bytes_.decrease(k, bytes);
+  }
+  /// The stack's figures after a call; `parked_bytes`/`parked_blocks`: blocks the backend keeps for graph
+  /// pools (in the stack's in_use, free in PyTorch's view).
+  void observe(const stack_figures& f, std::size_t parked_bytes = 0, std::size_t parked_blocks = 0) noexcept
+  {
+    reserved_bytes[pool_kind::all].set(f.reserved);
+    segment[pool_kind::all].set(f.chunks);
+    const std::size_t idle = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
+    inactive_split_bytes[pool_kind::all].set(idle + parked_bytes);
+    inactive_split[pool_kind::all].set(f.free_blocks + parked_blocks);
+    sync_active(f.held_bytes, f.held_blocks);
+    num_device_alloc = static_cast<std::int64_t>(f.device_allocs - device_allocs_base_);
+    num_device_free = static_cast<std::int64_t>(f.device_frees - device_frees_base_);
+    last_device_allocs_ = f.device_allocs;
+    last_device_frees_ = f.device_frees;
+  }
+
+  void reset_peaks() noexcept
+  {
+    for (stat_array* a : arrays()) a->reset_peak();
+  }
+  /// PyTorch's resetAccumulatedStats: totals added and removed, retries, out-of-memories and driver calls.
+  void reset_accumulated() noexcept
+  {
+    for (stat_array* a : arrays()) a->reset_accumulated();
+    num_alloc_retries = num_ooms = num_sync_all_streams = 0;
+    device_allocs_base_ = last_device_allocs_;
+    device_frees_base_ = last_device_frees_;
+    num_device_alloc = num_device_free = 0;
+  }
+
+private:
+  std::array<stat_array*, 9> arrays() noexcept
+  {
+    return {&allocation, &segment, &active, &inactive_split, &allocated_bytes, &reserved_bytes, &active_bytes,
+            &inactive_split_bytes, &requested_bytes};
+  }
+
+  /// active = live blocks per kind; the aggregate adds the blocks held for other streams.
+  void sync_active(std::size_t held_bytes, std::size_t held_blocks) noexcept
+  {
+    for (pool_kind k : {pool_kind::small_pool, pool_kind::large_pool}) {
+      active[k].set(static_cast<std::size_t>(live_active_[k].current));
+      active_bytes[k].set(static_cast<std::size_t>(live_active_bytes_[k].current));
+    }
+    active[pool_kind::all].set(static_cast<std::size_t>(live_active_[pool_kind::all].current) + held_blocks);
+    active_bytes[pool_kind::all].set(static_cast<std::size_t>(live_active_bytes_[pool_kind::all].current) + held_bytes);
+  }
+
+  stat_array live_active_, live_active_bytes_;
+  std::uint64_t device_allocs_base_ = 0, device_frees_base_ = 0;
+  std::uint64_t last_device_allocs_ = 0, last_device_frees_ = 0;
+};
+
+} // namespace strata::plugin

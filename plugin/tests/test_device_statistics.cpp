@@ -1,0 +1,152 @@
+// The torch backend's statistics: PyTorch's meaning of current, peak, allocated and freed, per pool kind, and
+// its reset rules, over figures a stack reports.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <random>
+#include <vector>
+
+#include "device_statistics.hpp"
+
+using namespace strata::plugin;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+}
+
+TEST_CASE("device_statistics: a stat keeps current, peak and the totals added and removed")
+{
+  stat s;
+  s.increase(100);
+  s.increase(50);
+  s.decrease(120);
+  CHECK(s.current == 30);
+  CHECK(s.peak == 150);
+  CHECK(s.allocated == 150);
+  CHECK(s.freed == 120);
+  s.set(80);  // observed figures move by their difference
+  CHECK(s.current == 80);
+  CHECK(s.allocated == 200);
+  s.set(10);
+  CHECK(s.freed == 190);
+  CHECK(s.peak == 150);
+  s.reset_peak();
+  CHECK(s.peak == 10);
+  s.reset_accumulated();
+  CHECK(s.allocated == 0);
+  CHECK(s.freed == 0);
+  CHECK(s.current == 10);
+}
+
+TEST_CASE("device_statistics: blocks count in their pool kind and in the aggregate; 1 MiB is still small")
+{
+  CHECK(kind_of(1) == pool_kind::small_pool);
+  CHECK(kind_of(MiB) == pool_kind::small_pool);
+  CHECK(kind_of(MiB + 1) == pool_kind::large_pool);
+  CHECK(std::string(key_of(pool_kind::small_pool)) == "small_pool");
+
+  device_statistics d;
+  d.on_allocate(512, 500);
+  d.on_allocate(4 * MiB, 4 * MiB - 7);
+  CHECK(d.allocated_bytes[pool_kind::all].current == static_cast<std::int64_t>(512 + 4 * MiB));
+  CHECK(d.allocated_bytes[pool_kind::small_pool].current == 512);
+  CHECK(d.allocated_bytes[pool_kind::large_pool].current == static_cast<std::int64_t>(4 * MiB));
+  CHECK(d.requested_bytes[pool_kind::all].current == static_cast<std::int64_t>(500 + 4 * MiB - 7));
+  CHECK(d.allocation[pool_kind::all].current == 2);
+  CHECK(d.allocation[pool_kind::small_pool].current == 1);
+  d.on_free(4 * MiB, 4 * MiB - 7);
+  CHECK(d.allocated_bytes[pool_kind::large_pool].current == 0);
+  CHECK(d.allocated_bytes[pool_kind::large_pool].peak == static_cast<std::int64_t>(4 * MiB));
+  CHECK(d.allocation[pool_kind::all].freed == 1);
+  CHECK(d.requested_bytes[pool_kind::all].current == 500);
+}
+
+TEST_CASE("device_statistics: reserved, segments, inactive split and active follow the stack's figures")
+{
+  device_statistics d;
+  d.on_allocate(3 * MiB, 3 * MiB);
+  stack_figures f;
+  f.reserved = 8 * MiB;
+  f.in_use = 3 * MiB;
+  f.chunks = 2;
+  f.free_blocks = 1;
+  f.device_allocs = 2;
+  d.observe(f);
+  CHECK(d.reserved_bytes[pool_kind::all].current == static_cast<std::int64_t>(8 * MiB));
+  CHECK(d.reserved_bytes[pool_kind::large_pool].current == 0);  // strata has one pool: aggregate only
+  CHECK(d.segment[pool_kind::all].current == 2);
+  CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(5 * MiB));
+  CHECK(d.inactive_split[pool_kind::all].current == 1);
+  CHECK(d.active_bytes[pool_kind::all].current == static_cast<std::int64_t>(3 * MiB));
+  CHECK(d.active_bytes[pool_kind::large_pool].current == static_cast<std::int64_t>(3 * MiB));
+  CHECK(d.num_device_alloc == 2);
+
+  // Freed but held back for another stream: no longer allocated, still active (aggregate).
+  d.on_free(3 * MiB, 3 * MiB);
+  f.held_bytes = 3 * MiB;
+  f.held_blocks = 1;
+  d.observe(f);
+  CHECK(d.allocated_bytes[pool_kind::all].current == 0);
+  CHECK(d.active_bytes[pool_kind::all].current == static_cast<std::int64_t>(3 * MiB));
+  CHECK(d.active[pool_kind::all].current == 1);
+  CHECK(d.active_bytes[pool_kind::large_pool].current == 0);
+
+  // Parked graph-pool blocks are inactive in PyTorch's view although strata counts them in use.
+  f = stack_figures{.reserved = 8 * MiB, .in_use = 2 * MiB, .chunks = 1, .free_blocks = 1};
+  d.observe(f, 2 * MiB, 1);
+  CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(8 * MiB));
+  CHECK(d.inactive_split[pool_kind::all].current == 2);
+  CHECK(d.reserved_bytes[pool_kind::all].peak == static_cast<std::int64_t>(8 * MiB));
+  CHECK(d.segment[pool_kind::all].freed == 1);
+}
+
+TEST_CASE("device_statistics: reset_peaks moves peaks to current; reset_accumulated clears totals and counts")
+{
+  device_statistics d;
+  d.on_allocate(10 * MiB, 10 * MiB);
+  d.observe(stack_figures{.reserved = 10 * MiB, .in_use = 10 * MiB, .chunks = 1, .device_allocs = 5, .device_frees = 1});
+  d.on_free(10 * MiB, 10 * MiB);
+  d.num_ooms = 2;
+  d.num_alloc_retries = 3;
+  d.reset_peaks();
+  CHECK(d.allocated_bytes[pool_kind::all].peak == 0);
+  CHECK(d.reserved_bytes[pool_kind::all].peak == static_cast<std::int64_t>(10 * MiB));
+  CHECK(d.allocation[pool_kind::all].allocated == 1);  // totals survive a peak reset
+  d.reset_accumulated();
+  CHECK(d.allocation[pool_kind::all].allocated == 0);
+  CHECK(d.allocated_bytes[pool_kind::all].freed == 0);
+  CHECK(d.num_ooms == 0);
+  CHECK(d.num_alloc_retries == 0);
+  CHECK(d.num_device_alloc == 0);
+  // Driver calls count again from the reset.
+  d.observe(stack_figures{.reserved = 12 * MiB, .chunks = 2, .device_allocs = 6, .device_frees = 1});
+  CHECK(d.num_device_alloc == 1);
+  CHECK(d.num_device_free == 0);
+}
+
+TEST_CASE("device_statistics: random allocations and frees keep the aggregate the sum of the kinds")
+{
+  std::mt19937_64 rng(7);
+  device_statistics d;
+  std::vector<std::size_t> live;
+  std::size_t sum = 0, checked = 0;
+  for (int i = 0; i < 2000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      const std::size_t n = 1 + rng() % (4 * MiB);
+      d.on_allocate(n, n);
+      live.push_back(n);
+      sum += n;
+    } else {
+      const std::size_t k = rng() % live.size();
+      d.on_free(live[k], live[k]);
+      sum -= live[k];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    const auto& a = d.allocated_bytes;
+    if (a[pool_kind::all].current == a[pool_kind::small_pool].current + a[pool_kind::large_pool].current &&
+        a[pool_kind::all].current == static_cast<std::int64_t>(sum) &&
+        d.allocation[pool_kind::all].current == static_cast<std::int64_t>(live.size()))
+      ++checked;
+  }
+  CHECK(checked == 2000);
+}

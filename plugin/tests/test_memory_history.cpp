@@ -1,0 +1,133 @@
+// The torch backend's memory history and snapshot: recordHistory's switches, the trace ring, stack frames
+// kept per block, and snapshot segments built from strata's chunk listing with the backend's blocks over it.
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <strata/core/snapshot.hpp>
+
+#include "memory_history.hpp"
+
+using namespace strata;
+using namespace strata::plugin;
+
+namespace {
+/// Stands in for PyTorch's gathered Python and C++ frames.
+struct frames {
+  std::vector<std::string> lines;
+  bool operator==(const frames&) const = default;
+};
+
+trace_record<frames> rec(trace_action a, std::uintptr_t addr, std::size_t size, frames f = {})
+{
+  return {a, addr, size, nullptr, {}, 0, std::move(f)};
+}
+} // namespace
+
+TEST_CASE("memory_history: action names round-trip; an unknown skipped action is refused, settings unchanged")
+{
+  for (int i = 0; i <= static_cast<int>(trace_action::oom); ++i)
+    CHECK(parse_action(action_name(static_cast<trace_action>(i))) == static_cast<trace_action>(i));
+  memory_history<frames> h;
+  h.configure(true, context_mode::all, 10, false, {});
+  CHECK_THROWS_WITH_AS(h.configure(false, context_mode::never, 5, true, {"alloc", "allocate"}), doctest::Contains("'allocate'"),
+                       std::invalid_argument);
+  CHECK(h.enabled());
+  CHECK(h.context_on_free());
+}
+
+TEST_CASE("memory_history: nothing is recorded until enabled; the ring keeps the newest max_entries")
+{
+  memory_history<frames> h;
+  h.record(rec(trace_action::alloc, 1, 10));
+  CHECK(h.trace().empty());
+  CHECK(!h.context_on_alloc());
+  h.configure(true, context_mode::alloc, 3, false, {});
+  CHECK(h.context_on_alloc());
+  CHECK(!h.context_on_free());
+  for (std::uintptr_t a = 1; a <= 5; ++a) h.record(rec(trace_action::alloc, a, 10, {{"f" + std::to_string(a)}}));
+  REQUIRE(h.trace().size() == 3);
+  CHECK(h.trace().front().address == 3);
+  CHECK(h.trace().back().context.lines == std::vector<std::string>{"f5"});
+  h.configure(true, context_mode::alloc, 2, false, {});  // a smaller ring drops the oldest
+  CHECK(h.trace().size() == 2);
+  h.configure(true, context_mode::alloc, 2, true, {});  // clear
+  CHECK(h.trace().empty());
+  h.configure(false, context_mode::all, 2, false, {});
+  CHECK(!h.context_on_alloc());
+  h.record(rec(trace_action::alloc, 9, 10));
+  CHECK(h.trace().empty());
+}
+
+TEST_CASE("memory_history: skipped actions are left out; state mode keeps frames with blocks, not the trace")
+{
+  memory_history<frames> h;
+  h.configure(true, context_mode::state, 100, false, {"free_requested"});
+  CHECK(h.context_on_alloc());  // gathered for the live block
+  CHECK(!h.trace_keeps_alloc_context());
+  h.record(rec(trace_action::alloc, 1, 10, {{"where"}}));
+  h.record(rec(trace_action::free_requested, 1, 10));
+  h.record(rec(trace_action::free_completed, 1, 10));
+  REQUIRE(h.trace().size() == 2);
+  CHECK(h.trace()[0].context.lines.empty());
+  CHECK(h.trace()[1].action == trace_action::free_completed);
+}
+
+TEST_CASE("snapshot: strata's JSON is read back exactly; anything else names where it went wrong")
+{
+  snapshot s;
+  s.box = "mapped_pool \"x\"";
+  s.segments.push_back({0x100000, 8192, {{0, 4096, false, 3}, {4096, 4096, true, -1}}});
+  s.segments.push_back({0x900000, 2048, {{0, 2048, true, -1}}});
+  const snapshot back = parse_snapshot_json(to_json(s));
+  CHECK(back.box == s.box);
+  REQUIRE(back.segments.size() == 2);
+  CHECK(back.segments[0].address == 0x100000);
+  CHECK(back.segments[0].blocks == s.segments[0].blocks);
+  CHECK(back.segments[1].blocks == s.segments[1].blocks);
+  CHECK(parse_snapshot_json("{\"box\":\"\",\"segments\":[]}").segments.empty());
+  CHECK_THROWS_WITH_AS(parse_snapshot_json("{\"box\":\"\",\"segments\":[{\"address\":x}]}"), doctest::Contains("offset"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(parse_snapshot_json("{\"box\":\"\",\"segments\":[]} extra"), std::invalid_argument);
+}
+
+TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held ones active, parked ones inactive")
+{
+  snapshot s;
+  s.box = "mapped_pool";
+  s.segments.push_back({0x100000, 16384, {{0, 4096, false, 1}, {4096, 4096, false, 1}, {8192, 4096, false, 1}, {12288, 4096, true, -1}}});
+  s.segments.push_back({0x200000, 4096, {{0, 4096, false, 1}}});
+  block_table<frames> t;
+  const pool_id graph{1, 0};
+  t.create_or_incref(graph);
+  t.insert(0x100000, {4096, 4000, reinterpret_cast<void*>(7), {}, {{"model.py:12"}}});
+  t.insert(0x102000, {4096, 4096, nullptr, graph, {}});
+  (void)t.erase(0x102000);                      // parked in the graph pool
+  t.insert(0x200000, {4096, 100, nullptr, graph, {}});
+  // 0x101000 is in use in strata but not live in the table: freed, held for another stream.
+
+  const auto segs = snapshot_segments(s, t);
+  REQUIRE(segs.size() == 2);
+  const auto& a = segs[0];
+  CHECK(a.total == 16384);
+  REQUIRE(a.blocks.size() == 4);
+  CHECK(a.blocks[0].allocated);
+  CHECK(a.blocks[0].requested == 4000);
+  CHECK(a.blocks[0].context.lines == std::vector<std::string>{"model.py:12"});
+  CHECK(!a.blocks[1].allocated);
+  CHECK(a.blocks[1].active);
+  CHECK(!a.blocks[2].allocated);
+  CHECK(!a.blocks[2].active);
+  CHECK(!a.blocks[3].active);
+  CHECK(a.allocated == 4096);
+  CHECK(a.active == 8192);
+  CHECK(a.requested == 4000);
+  CHECK(a.stream == reinterpret_cast<void*>(7));
+  CHECK(segs[1].pool == graph);
+
+  const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: its segments only
+  REQUIRE(only.size() == 1);
+  CHECK(only[0].address == 0x200000);
+}
