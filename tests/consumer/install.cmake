@@ -1,0 +1,67 @@
+# cmake -P install.cmake: installs strata into PREFIX and checks what landed there.
+#   MODE=fresh  configures SOURCE_DIR afresh in WORK_DIR with the project's defaults and installs with nothing
+#               built: the headers and the CMake package must install, the tools and the plug-in must be left
+#               out with a message naming each.
+#   MODE=built  installs BUILD_DIR, where everything was built: BUILT names (comma-separated) the programs that
+#               must be in bin/.
+# Either way no strata_torch/ folder (the Python package's copy of the plug-in) may appear in the prefix.
+foreach(var IN ITEMS MODE PREFIX)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "install.cmake: set ${var}")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${PREFIX}")
+
+if(MODE STREQUAL "fresh")
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  set(configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}" -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release)
+  foreach(var IN ITEMS CMAKE_CXX_COMPILER CMAKE_CUDA_COMPILER)
+    if(${var})
+      list(APPEND configure "-D${var}=${${var}}")
+    endif()
+  endforeach()
+  execute_process(COMMAND ${configure} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "a fresh configure failed (${rc}):\n${out}")
+  endif()
+  set(BUILD_DIR "${WORK_DIR}")
+endif()
+
+execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+message("${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install ${BUILD_DIR} failed (${rc})")
+endif()
+
+foreach(path IN ITEMS include/strata/strata.hpp include/strata/core/concepts.hpp)
+  if(NOT EXISTS "${PREFIX}/${path}")
+    message(FATAL_ERROR "the install has no ${path}")
+  endif()
+endforeach()
+file(GLOB_RECURSE config "${PREFIX}/*/strataConfig.cmake")
+if(NOT config)
+  message(FATAL_ERROR "the install has no strataConfig.cmake")
+endif()
+if(EXISTS "${PREFIX}/strata_torch")
+  message(FATAL_ERROR "the install has a strata_torch/ folder: the Python package's files belong to pip install only")
+endif()
+
+if(MODE STREQUAL "fresh")
+  foreach(program IN ITEMS strata-plan strata-view)
+    if(EXISTS "${PREFIX}/bin/${program}")
+      message(FATAL_ERROR "${program} was installed although nothing was built")
+    endif()
+    if(EXISTS "${SOURCE_DIR}/tools" AND NOT out MATCHES "${program} \\(component tools\\) is not built")
+      message(FATAL_ERROR "the install did not say that ${program} is left out")
+    endif()
+  endforeach()
+else()
+  string(REPLACE "," ";" BUILT "${BUILT}")
+  foreach(program IN LISTS BUILT)
+    if(NOT EXISTS "${PREFIX}/bin/${program}")
+      message(FATAL_ERROR "${program} was built but not installed")
+    endif()
+  endforeach()
+endif()
+message(STATUS "install (${MODE}) checked: ${PREFIX}")
