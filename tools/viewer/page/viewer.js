@@ -344,9 +344,17 @@
     if (largest) {
       var box = el('div', { cls: 'request' });
       if (largest.segment === null || largest.segment === undefined) {
-        box.className = 'request none';
-        box.textContent = 'The biggest request of the trace, ' + fmtBytes(largest.size) + ', needs new memory at this moment: no free block ' +
-          GEQ + ' ' + fmtBytes(largest.size) + ' (the largest free block with memory behind it is ' + fmtBytes(largestFree) + ').';
+        // The map is the stack's peak, not the moment of the request: only a stack that does not fit would
+        // have to find new memory it cannot have, so only there is it a warning.
+        var noBlock = 'no free block ' + GEQ + ' ' + fmtBytes(largest.size) + ' (the largest free block with memory behind it is ' +
+          fmtBytes(largestFree) + ')';
+        if (stack && stack.fits === false) {
+          box.className = 'request none';
+          box.textContent = 'The biggest request of the trace, ' + fmtBytes(largest.size) + ', needs new memory at this moment: ' + noBlock + '.';
+        } else {
+          box.textContent = 'At this moment, ' + noBlock + ', the biggest request of the trace (' + fmtBytes(largest.size) +
+            ') would take new memory' + (stack && stack.fits === true ? '; the stack fits: it never held more than its peak.' : '.');
+        }
       } else {
         var seg = snapshot.segments[largest.segment], blockEnd = largest.offset + largest.size;
         var bi = seg ? firstBlockAt(seg.blocks, largest.offset) : -1;
