@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace strata::plugin {
 
@@ -97,6 +98,8 @@ struct stack_figures {
   std::size_t held_blocks = 0;
   std::uint64_t device_allocs = 0;  ///< driver allocations since the stack was built
   std::uint64_t device_frees = 0;
+  std::uint64_t alloc_retries = 0;  ///< allocations retried after releasing idle memory, since built
+  std::uint64_t ooms = 0;           ///< allocations refused as out of memory, since built
 };
 
 /// The statistics of torch.cuda.memory_stats() for one device. Models: PyTorch's DeviceStats (same figures,
@@ -105,8 +108,8 @@ class device_statistics {
 public:
   stat_array allocation, segment, active, inactive_split;
   stat_array allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
-  std::int64_t num_alloc_retries = 0;
-  std::int64_t num_ooms = 0;
+  std::int64_t num_alloc_retries = 0;  ///< observed: the stack counts them
+  std::int64_t num_ooms = 0;           ///< observed: the stack counts them
   std::int64_t num_sync_all_streams = 0;
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
@@ -141,10 +144,27 @@ public:
     inactive_split_bytes[pool_kind::all].set(idle + parked_bytes);
     inactive_split[pool_kind::all].set(f.free_blocks + parked_blocks);
     sync_active(f.held_bytes, f.held_blocks);
-    num_device_alloc = static_cast<std::int64_t>(f.device_allocs - device_allocs_base_);
-    num_device_free = static_cast<std::int64_t>(f.device_frees - device_frees_base_);
-    last_device_allocs_ = f.device_allocs;
-    last_device_frees_ = f.device_frees;
+    last_ = f;
+    num_device_alloc = static_cast<std::int64_t>(f.device_allocs - base_.device_allocs);
+    num_device_free = static_cast<std::int64_t>(f.device_frees - base_.device_frees);
+    num_alloc_retries = static_cast<std::int64_t>(f.alloc_retries - base_.alloc_retries);
+    num_ooms = static_cast<std::int64_t>(f.ooms - base_.ooms);
+  }
+
+  /// After blocks changed wholesale (a graph pool's checkpoint restored): the live figures recounted from
+  /// `live` ({size, requested} of every block live now), each difference counted as added or removed.
+  template <class Range>
+  void recount_live(const Range& live) noexcept
+  {
+    device_statistics fresh;
+    for (const auto& [bytes, requested] : live) fresh.on_allocate(bytes, requested);
+    const std::pair<stat_array*, const stat_array*> pairs[] = {{&allocation, &fresh.allocation},
+                                                               {&allocated_bytes, &fresh.allocated_bytes},
+                                                               {&requested_bytes, &fresh.requested_bytes},
+                                                               {&live_active_, &fresh.live_active_},
+                                                               {&live_active_bytes_, &fresh.live_active_bytes_}};
+    for (const auto& [to, from] : pairs)
+      for (std::size_t k = 0; k < pool_kinds; ++k) to->kinds[k].set(static_cast<std::size_t>(from->kinds[k].current));
   }
 
   void reset_peaks() noexcept
@@ -156,8 +176,7 @@ public:
   {
     for (stat_array* a : arrays()) a->reset_accumulated();
     num_alloc_retries = num_ooms = num_sync_all_streams = 0;
-    device_allocs_base_ = last_device_allocs_;
-    device_frees_base_ = last_device_frees_;
+    base_ = last_;
     num_device_alloc = num_device_free = 0;
   }
 
@@ -180,8 +199,7 @@ private:
   }
 
   stat_array live_active_, live_active_bytes_;
-  std::uint64_t device_allocs_base_ = 0, device_frees_base_ = 0;
-  std::uint64_t last_device_allocs_ = 0, last_device_frees_ = 0;
+  stack_figures base_{}, last_{};  ///< the counts at the last accumulated reset, and the newest
 };
 
 } // namespace strata::plugin

@@ -122,7 +122,8 @@ struct snapshot_segment {
 
 /// The segments of memory_snapshot(): strata's chunks, each block marked by the table (live: allocated; parked
 /// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work).
-/// Only segments holding a block of `only_pool` when it is not (0, 0). O(blocks).
+/// Blocks tile their segment (ranges strata does not list become free blocks). Only segments holding a block
+/// of `only_pool` when it is not (0, 0). O(blocks).
 template <class Context>
 std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_view, const block_table<Context>& table, pool_id only_pool = {})
 {
@@ -133,7 +134,11 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
     s.address = seg.address;
     s.total = seg.size;
     bool in_pool = only_pool.none();
+    std::size_t covered = 0;
     for (const block_info& b : seg.blocks) {
+      // PyTorch lays blocks end to end from the segment's address: a range strata does not list is free.
+      if (b.offset > covered) s.blocks.push_back(snapshot_block<Context>{.size = b.offset - covered});
+      covered = b.offset + b.size;
       snapshot_block<Context> sb;
       sb.size = b.size;
       const std::uintptr_t address = seg.address + b.offset;
@@ -154,6 +159,7 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
       s.active += sb.active ? sb.size : 0;
       s.blocks.push_back(std::move(sb));
     }
+    if (seg.size > covered) s.blocks.push_back(snapshot_block<Context>{.size = seg.size - covered});
     if (in_pool) out.push_back(std::move(s));
   }
   return out;

@@ -678,6 +678,8 @@ int strata_device_figures_get(int device, strata_device_figures* out)
   out->device_memory = s->device_memory;
   out->device_allocs = calls.pages.creates;
   out->device_frees = calls.pages.releases;
+  out->alloc_retries = s->stats.num_alloc_retries;
+  out->ooms = s->stats.num_ooms;
   return 0;
 }
 

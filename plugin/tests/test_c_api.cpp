@@ -553,6 +553,11 @@ TEST_CASE("C API: device figures agree with memory_stats and count held blocks")
           EXPECT(strata_device_figures_get(0, &f) == 0);
           EXPECT(f.held_bytes == 0 && f.held_blocks == 0 && f.in_use == 0);
           EXPECT(f.device_frees == f.device_allocs);
+          EXPECT(strata_malloc(600 * MiB, 0, a) == nullptr);  // above limit=
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(static_cast<long long>(f.ooms) == stat(0, "num_ooms"));
+          EXPECT(f.ooms == 1);
+          EXPECT(static_cast<long long>(f.alloc_retries) == stat(0, "num_alloc_retries"));
         }) == "");
 }
 

@@ -104,10 +104,11 @@ TEST_CASE("device_statistics: reset_peaks moves peaks to current; reset_accumula
 {
   device_statistics d;
   d.on_allocate(10 * MiB, 10 * MiB);
-  d.observe(stack_figures{.reserved = 10 * MiB, .in_use = 10 * MiB, .chunks = 1, .device_allocs = 5, .device_frees = 1});
+  d.observe(stack_figures{.reserved = 10 * MiB, .in_use = 10 * MiB, .chunks = 1, .device_allocs = 5, .device_frees = 1,
+                          .alloc_retries = 3, .ooms = 2});
+  CHECK(d.num_ooms == 2);
+  CHECK(d.num_alloc_retries == 3);
   d.on_free(10 * MiB, 10 * MiB);
-  d.num_ooms = 2;
-  d.num_alloc_retries = 3;
   d.reset_peaks();
   CHECK(d.allocated_bytes[pool_kind::all].peak == 0);
   CHECK(d.reserved_bytes[pool_kind::all].peak == static_cast<std::int64_t>(10 * MiB));
@@ -119,9 +120,11 @@ TEST_CASE("device_statistics: reset_peaks moves peaks to current; reset_accumula
   CHECK(d.num_alloc_retries == 0);
   CHECK(d.num_device_alloc == 0);
   // Driver calls count again from the reset.
-  d.observe(stack_figures{.reserved = 12 * MiB, .chunks = 2, .device_allocs = 6, .device_frees = 1});
+  d.observe(stack_figures{.reserved = 12 * MiB, .chunks = 2, .device_allocs = 6, .device_frees = 1, .alloc_retries = 3, .ooms = 3});
   CHECK(d.num_device_alloc == 1);
   CHECK(d.num_device_free == 0);
+  CHECK(d.num_ooms == 1);
+  CHECK(d.num_alloc_retries == 0);
 }
 
 TEST_CASE("device_statistics: random allocations and frees keep the aggregate the sum of the kinds")
@@ -149,4 +152,20 @@ TEST_CASE("device_statistics: random allocations and frees keep the aggregate th
       ++checked;
   }
   CHECK(checked == 2000);
+}
+
+TEST_CASE("device_statistics: recount_live replaces the live figures, counting the differences")
+{
+  device_statistics d;
+  d.on_allocate(4096, 4000);
+  d.on_allocate(2 * MiB, 2 * MiB);
+  const std::vector<std::pair<std::size_t, std::size_t>> now{{4096, 4000}, {8192, 8192}, {8192, 8000}};
+  d.recount_live(now);
+  CHECK(d.allocation[pool_kind::all].current == 3);
+  CHECK(d.allocated_bytes[pool_kind::all].current == 4096 + 8192 * 2);
+  CHECK(d.allocated_bytes[pool_kind::large_pool].current == 0);
+  CHECK(d.allocated_bytes[pool_kind::large_pool].freed == static_cast<std::int64_t>(2 * MiB));
+  CHECK(d.requested_bytes[pool_kind::small_pool].current == 4000 + 8192 + 8000);
+  d.observe(stack_figures{});
+  CHECK(d.active_bytes[pool_kind::small_pool].current == 4096 + 8192 * 2);
 }

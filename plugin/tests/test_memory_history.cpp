@@ -127,6 +127,16 @@ TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held
   CHECK(a.stream == reinterpret_cast<void*>(7));
   CHECK(segs[1].pool == graph);
 
+  // A range strata does not list becomes a free block: PyTorch lays blocks end to end.
+  snapshot gaps;
+  gaps.segments.push_back({0x400000, 8192, {{1024, 1024, false, 1}}});
+  const auto tiled = snapshot_segments(gaps, t);
+  REQUIRE(tiled[0].blocks.size() == 3);
+  CHECK(tiled[0].blocks[0].size == 1024);
+  CHECK(!tiled[0].blocks[0].active);
+  CHECK(tiled[0].blocks[1].active);
+  CHECK(tiled[0].blocks[2].size == 6144);
+
   const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: its segments only
   REQUIRE(only.size() == 1);
   CHECK(only[0].address == 0x200000);

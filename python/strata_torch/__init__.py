@@ -2,9 +2,13 @@
 
     import strata_torch
     strata_torch.enable("stack=default,limit=0.9")   # before the first CUDA allocation
-    ...                                              # train as usual
-    print(strata_torch.memory_summary())             # torch.cuda.memory_stats() is unavailable under a
-                                                     # plugged allocator; these give it back
+    ...                                              # train as usual; torch.cuda.memory_stats(),
+                                                     # memory_snapshot(), CUDA graphs ... all reach strata
+    print(strata_torch.memory_summary())             # strata's own figures
+
+enable() installs strata as PyTorch's complete CUDA allocator backend (libstrata_torch_hooks.so, built against
+this PyTorch's headers) where it can; otherwise, and for backend="pluggable", through PyTorch's
+CUDAPluggableAllocator, under which torch.cuda's memory functions raise. backend() says which is in use.
 
 Scoped use instead of process-wide: ``with torch.cuda.use_mem_pool(strata_torch.MemPool()): ...``.
 CuPy: ``strata_torch.cupy.enable(conf)``.
@@ -23,12 +27,14 @@ from . import _library, _stats
 from ._library import ConfigError, library_path
 from ._stats import format_bytes
 
-__all__ = ["enable", "is_enabled", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+__all__ = ["enable", "is_enabled", "backend", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
            "snapshot", "empty_cache", "record", "flush_record", "library_path", "validate", "hooks",
            "oom_raises_torch_error",
            "ConfigError", "format_bytes", "peak_ratio"]
 
 DEFAULT_CONF = "stack=default"
+BACKENDS = ("strata", "pluggable")
+ENV_BACKEND = "STRATA_TORCH_BACKEND"
 
 # PyTorch's setter on the allocator object -> the plug-in's symbol. Several setter spellings per hook: PyTorch
 # 2.11 names them as in the first column; a later rename is picked up without a change here.
@@ -48,7 +54,8 @@ _allocators = {}      # "process" / "pool" -> torch.cuda.memory.CUDAPluggableAll
 _wired = {}            # setter name -> symbol, for the hooks handed to PyTorch
 _hooks_library = []    # libstrata_torch_hooks.so once loaded
 _enabled_conf = None   # the configuration enable() applied (None: not enabled process-wide)
-_state = {"oom_raises_torch_error": False}   # the hooks library's out-of-memory handler is installed
+_state = {"oom_raises_torch_error": False,  # the hooks library's out-of-memory handler is installed
+          "backend": None}                 # "strata" or "pluggable" once enable() succeeded
 _applied_conf = None   # the last configuration applied by this module, by any function
 
 
@@ -115,7 +122,52 @@ def _pluggable_allocator(process_wide):
     return allocator
 
 
-def enable(conf=DEFAULT_CONF, require_hooks=None):
+class StrataBackend:
+    """What enable() returns when strata is PyTorch's allocator backend (torch.cuda.memory.get_allocator_backend()
+    then says "strata"): every torch.cuda memory function reaches strata's stacks."""
+
+    name = "strata"
+
+    def __repr__(self):
+        return "StrataBackend()"
+
+
+def _chosen_backend(backend):
+    if backend is None:
+        backend = os.environ.get(ENV_BACKEND) or None
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"strata_torch.enable: backend {backend!r} is not one of {', '.join(BACKENDS)} "
+                         f"(or None: strata's backend where this build has it, else pluggable)")
+    return backend
+
+
+def _backend_installer(required):
+    """libstrata_torch_hooks.so's strata_torch_install_backend, or None (with the reason) where the library is
+    missing or predates the backend. required: raise instead of returning None."""
+    lib = _library.load()
+    path = _library.hooks_library_path(lib.path)
+    why = None
+    if path is None:
+        why = f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
+    else:
+        try:
+            hooks_lib = ctypes.CDLL(path)
+            install = hooks_lib.strata_torch_install_backend
+        except (OSError, AttributeError) as e:
+            why = f"{path} offers no strata backend: {e}"
+    if why is not None:
+        if required:
+            raise RuntimeError(f"strata_torch.enable(backend='strata'): {why}. Build it where PyTorch is installed "
+                               "(CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see docs/pytorch.md), or pass "
+                               "backend='pluggable'")
+        return None
+    if hasattr(install, "restype"):
+        install.restype, install.argtypes = ctypes.c_int, []
+    _hooks_library.append(hooks_lib)   # kept loaded: PyTorch holds the allocator it made
+    return install
+
+
+def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None):
     """Make strata the CUDA allocator of this whole process. Must run before the first CUDA allocation.
 
     conf: a configuration string ("stack=default,limit=0.9,record=trace.csv.gz"); None takes STRATA_ALLOC_CONF.
@@ -125,21 +177,42 @@ def enable(conf=DEFAULT_CONF, require_hooks=None):
     require_hooks: where PyTorch keeps the hook setters from Python and libstrata_torch_hooks.so is missing,
     RuntimeError before anything changes (without the hooks, record_stream() and CUDA graphs would bypass
     strata); False allows it, with a warning. None: STRATA_TORCH_REQUIRE_HOOKS=0 in the environment means False,
-    anything else True. Returns the CUDAPluggableAllocator.
+    anything else True.
+    backend: "strata" installs strata as PyTorch's complete allocator backend (every torch.cuda memory function,
+    CUDA graphs, torch.compile's graph trees and torch.OutOfMemoryError reach it; needs libstrata_torch_hooks.so
+    built against this PyTorch); "pluggable" uses torch.cuda.memory.CUDAPluggableAllocator (kept for PyTorch
+    builds the backend cannot be built against: torch.cuda's statistics raise under it); None:
+    STRATA_TORCH_BACKEND, else "strata" where the hooks library offers it, else "pluggable". backend() says
+    which one is in use. Returns a StrataBackend, or the CUDAPluggableAllocator.
     """
     global _enabled_conf
     if require_hooks is None:
         require_hooks = os.environ.get("STRATA_TORCH_REQUIRE_HOOKS", "1") != "0"
+    backend = _chosen_backend(backend)
     torch = _torch()
     with _lock:
         if _enabled_conf is not None:
-            if conf == _enabled_conf:
+            if conf == _enabled_conf and backend in (None, _state["backend"]):
                 return _allocators["process"]
-            raise RuntimeError(f"strata_torch.enable: already enabled with {_enabled_conf!r}; the allocator of a "
-                               f"process is chosen once, so {conf!r} cannot replace it")
+            raise RuntimeError(f"strata_torch.enable: already enabled with {_enabled_conf!r} "
+                               f"({_state['backend']} backend); the allocator of a process is chosen once, so "
+                               f"{conf!r} ({backend or 'any'} backend) cannot replace it")
         if torch.cuda.is_initialized():
             raise RuntimeError(_too_late("CUDA is already initialized in this process"))
         _apply(conf)
+        if backend != "pluggable":
+            install = _backend_installer(required=backend == "strata")
+            if install is not None:
+                if install() != 0:
+                    message = _library.load().last_error()
+                    if "initialized" in message:
+                        raise RuntimeError(_too_late(f"PyTorch refused: {message}"))
+                    raise RuntimeError(f"strata_torch: installing the strata backend failed: {message}")
+                _allocators["process"] = StrataBackend()
+                _enabled_conf = conf
+                _state["backend"] = "strata"
+                _state["oom_raises_torch_error"] = True
+                return _allocators["process"]
         allocator = _pluggable_allocator(process_wide=True)
         # The hooks library is loaded even where Python could set the hooks itself: it alone can make the
         # plug-in's out-of-memory a torch.OutOfMemoryError (PyTorch turns any other C++ exception into a
@@ -152,6 +225,7 @@ def enable(conf=DEFAULT_CONF, require_hooks=None):
                 raise RuntimeError(_too_late(f"PyTorch refused: {e}")) from e
             raise
         _enabled_conf = conf
+        _state["backend"] = "pluggable"
         if wire is not None:
             if wire() != 0:
                 raise RuntimeError(f"strata_torch: {_library.HOOKS_LIBRARY_NAME} could not set the allocator "
@@ -211,6 +285,12 @@ def is_enabled():
     return _enabled_conf is not None
 
 
+def backend():
+    """"strata" (strata is PyTorch's complete allocator backend), "pluggable" (through CUDAPluggableAllocator)
+    or None (enable() has not run)."""
+    return _state["backend"]
+
+
 def oom_raises_torch_error():
     """True once enable() installed the hooks library's handler: strata's out-of-memory then raises
     torch.OutOfMemoryError (else a RuntimeError naming the out-of-memory)."""
@@ -228,9 +308,16 @@ def MemPool(conf=None, use_on_oom=False):
     PyTorch's caching allocator stays in charge of the blocks inside the pool and asks strata for the
     memory under them; works in a process where CUDA is already initialized. conf as for enable(), but it
     can only be set before strata serves its first allocation (None: keep the current configuration).
+    Where enable() made strata the allocator backend, strata serves every pool itself: this is then a plain
+    torch.cuda.MemPool (conf must be None or enable()'s).
     """
     torch = _torch()
     with _lock:
+        if _state["backend"] == "strata":
+            if conf is not None and conf != _enabled_conf:
+                raise RuntimeError(f"strata_torch.MemPool: strata already serves this process with "
+                                   f"{_enabled_conf!r}; a pool cannot have its own configuration {conf!r}")
+            return torch.cuda.MemPool(use_on_oom=use_on_oom)
         if conf is not None:
             validate(conf)
         else:
@@ -305,7 +392,7 @@ def empty_cache():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-        if "set_reset_fn" in _wired and is_enabled():
+        if is_enabled() and (_state["backend"] == "strata" or "set_reset_fn" in _wired):
             return
     _library.load().reset()
 

@@ -38,8 +38,8 @@ def change_current_allocator(a):
         raise RuntimeError("Can't swap an already initialized allocator")
     calls.append(["change"])
 class MemPool:
-    def __init__(self, raw, use_on_oom=False):
-        calls.append(["mempool", use_on_oom])
+    def __init__(self, raw=None, use_on_oom=False):
+        calls.append(["mempool", use_on_oom] if raw is not None else ["mempool without allocator", use_on_oom])
 torch = types.ModuleType("torch")
 torch.cuda = types.SimpleNamespace(is_initialized=lambda: INITIALIZED, MemPool=MemPool,
     memory=types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator,
@@ -75,13 +75,34 @@ ctypes.CDLL = lambda path, *a, **k: _HooksLibrary() if path.endswith("libstrata_
 """
 
 
+# A stand-in for a libstrata_torch_hooks.so that offers the complete backend: strata_torch_install_backend()
+# records ["install", ...] and returns INSTALL_RESULT (nonzero: it failed, with the plug-in's last error set).
+FAKE_BACKEND_LIBRARY = """
+import ctypes
+_real_cdll = ctypes.CDLL
+INSTALL_RESULT = {install_result}
+class _Install:
+    def __call__(self):
+        calls.append(["install"])
+        if INSTALL_RESULT != 0:
+            lib._cdll.strata_report_error(b"strata_torch_install_backend: Can't swap an already initialized allocator")
+        return INSTALL_RESULT
+class _BackendLibrary:
+    def __init__(self):
+        self.strata_torch_install_backend = _Install()
+        self.strata_torch_wire_hooks = lambda: calls.append(["wire"]) or 0
+ctypes.CDLL = lambda path, *a, **k: _BackendLibrary() if path.endswith("libstrata_torch_hooks.so") else _real_cdll(path, *a, **k)
+"""
+
+
 class EnableLogic(unittest.TestCase):
     def setUp(self):
         self.path = support.find_library()
         if self.path is None:
             support.skip_or_fail(self, "libstrata_alloc.so is not built")
 
-    def scenario(self, body, setters=True, initialized=False, refuse=False, env=None, hooks_library=False):
+    def scenario(self, body, setters=True, initialized=False, refuse=False, env=None, hooks_library=False,
+                 backend_library=None):
         """body runs after FAKE_TORCH, with a copy of the plug-in alone in a directory (a build with PyTorch has
         the real hooks library beside the plug-in, which would act on the real PyTorch). hooks_library=True puts
         a stand-in libstrata_torch_hooks.so there whose strata_torch_wire_hooks() records ["wire"] in calls."""
@@ -92,6 +113,9 @@ class EnableLogic(unittest.TestCase):
         if hooks_library:
             open(os.path.join(lonely, "libstrata_torch_hooks.so"), "w").close()
             code += FAKE_HOOKS_LIBRARY
+        if backend_library is not None:   # the install's result
+            open(os.path.join(lonely, "libstrata_torch_hooks.so"), "w").close()
+            code += FAKE_BACKEND_LIBRARY.format(install_result=backend_library)
         rc, out, err = support.run_python(code + body, dict({"STRATA_ALLOC_LIBRARY": path}, **(env or {})))
         self.assertEqual(rc, 0, err)
         self.assertIsNotNone(out, err)
@@ -224,6 +248,58 @@ class EnableLogic(unittest.TestCase):
         self.assertEqual(out["r"][0], "RuntimeError")
         self.assertIn("already enabled", out["r"][1])
         self.assertEqual(out["swaps"], 1)
+
+    def test_the_strata_backend_is_installed_where_the_hooks_library_offers_it(self):
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "same = strata_torch.enable('stack=simulated') is strata_torch.enable('stack=simulated', backend='strata')\n"
+            "other = outcome(lambda: strata_torch.enable('stack=simulated', backend='pluggable'))\n"
+            "pool = outcome(lambda: strata_torch.MemPool(use_on_oom=True))\n"
+            "print(json.dumps(dict(r=r, same=same, other=other, pool=pool, calls=calls, backend=strata_torch.backend(),\n"
+            "     oom=strata_torch.oom_raises_torch_error(), hooks=strata_torch.hooks())))", backend_library=0)
+        self.assertEqual(out["r"], ["ok", []])
+        self.assertEqual(out["backend"], "strata")
+        self.assertTrue(out["same"])
+        self.assertEqual(out["other"][0], "RuntimeError")   # a process's allocator is chosen once
+        self.assertIn("already enabled", out["other"][1])
+        # No CUDAPluggableAllocator, no swap through Python, no hooks: the backend is PyTorch's allocator.
+        self.assertEqual(out["calls"], [["install"], ["mempool without allocator", True]])
+        self.assertTrue(out["oom"])
+        self.assertEqual(out["hooks"], {})
+
+    def test_the_pluggable_path_stays_on_request(self):
+        for kwargs, env in (("backend='pluggable'", None), ("", {"STRATA_TORCH_BACKEND": "pluggable"})):
+            out = self.scenario(
+                f"r = outcome(lambda: strata_torch.enable('stack=simulated', {kwargs}))\n"
+                "print(json.dumps(dict(r=r, calls=calls, backend=strata_torch.backend())))",
+                backend_library=0, env=env)
+            self.assertEqual(out["r"][0], "ok")
+            self.assertEqual(out["backend"], "pluggable")
+            self.assertNotIn(["install"], out["calls"])
+            self.assertEqual(out["calls"][-2:], [["change"], ["wire"]])
+
+    def test_a_bad_backend_name_and_a_missing_backend_are_refused(self):
+        out = self.scenario(
+            "bad = outcome(lambda: strata_torch.enable('stack=simulated', backend='native'))\n"
+            "missing = outcome(lambda: strata_torch.enable('stack=simulated', backend='strata'))\n"
+            "print(json.dumps(dict(bad=bad, missing=missing, calls=calls, backend=strata_torch.backend())))")
+        self.assertEqual(out["bad"][0], "ValueError")
+        self.assertIn("'native'", out["bad"][1])
+        self.assertEqual(out["missing"][0], "RuntimeError")
+        self.assertIn("libstrata_torch_hooks.so", out["missing"][1])
+        self.assertIn("backend='pluggable'", out["missing"][1])
+        self.assertEqual(out["calls"], [])
+        self.assertIsNone(out["backend"])
+
+    def test_a_refused_backend_install_is_explained(self):
+        out = self.scenario(
+            "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"
+            "print(json.dumps(dict(r=r, enabled=strata_torch.is_enabled(), backend=strata_torch.backend())))",
+            backend_library=1)
+        self.assertEqual(out["r"][0], "RuntimeError")
+        self.assertIn("must run before the first CUDA allocation", out["r"][1])
+        self.assertFalse(out["enabled"])
+        self.assertIsNone(out["backend"])
 
     def test_mempool_uses_the_null_returning_entry_point_and_no_hooks(self):
         out = self.scenario(

@@ -1,0 +1,765 @@
+// libstrata_torch_hooks.so, part two: strata as PyTorch's CUDA allocator backend, complete.
+//
+// PyTorch reaches its CUDA allocator through one process-wide c10::cuda::CUDACachingAllocator::CUDAAllocator.
+// Its own second backend (cudaMallocAsync) is installed by storing another subclass there; this file does the
+// same with a subclass over libstrata_alloc.so's per-device stacks, so every torch.cuda memory function
+// (memory_stats, memory_snapshot, _record_memory_history, CUDA graphs' private pools, MemPool, IPC, ...) reaches
+// strata. strata_torch_install_backend() installs it; strata_torch.enable() calls that before CUDA starts.
+//
+// The PyTorch-free parts live in headers the host tests check: device_statistics.hpp (memory_stats' figures),
+// block_table.hpp (live blocks, private pools, checkpoints) and memory_history.hpp (trace and snapshot).
+//
+// Locks: one mutex per device, taken before libstrata_alloc.so's own; frames are gathered before it (the
+// context recorder may take the GIL). A free finds its device by looking the pointer up in each device's table.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <strata_alloc.h>
+
+#include "block_table.hpp"
+#include "device_statistics.hpp"
+#include "memory_history.hpp"
+
+namespace {
+
+namespace alloc = c10::cuda::CUDACachingAllocator;
+namespace caching = c10::CachingDeviceAllocator;
+using context_ptr = std::shared_ptr<c10::GatheredContext>;
+using strata::plugin::pool_id;
+
+// The history's actions are c10's TraceEntry actions, in the same order.
+static_assert(static_cast<int>(strata::plugin::trace_action::oom) == static_cast<int>(caching::TraceEntry::OOM));
+static_assert(static_cast<int>(strata::plugin::context_mode::all) == static_cast<int>(caching::RecordContext::ALL));
+static_assert(static_cast<std::size_t>(c10::CachingAllocator::StatType::NUM_TYPES) == strata::plugin::pool_kinds);
+
+constexpr char ipc_handle_version = 2;  // PyTorch 2.11's shareable handle: version, type, cudaIpcMemHandle_t
+constexpr char ipc_cuda_malloc = 'c';
+
+pool_id to_pool(c10::MempoolId_t id) { return {id.first, id.second}; }
+c10::MempoolId_t to_mempool(pool_id id) { return {id.first, id.second}; }
+
+std::uint64_t now_us()
+{
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+strata::plugin::stack_figures figures_of(const strata_device_figures& f)
+{
+  return {.reserved = f.reserved,
+          .in_use = f.in_use,
+          .chunks = f.chunks,
+          .free_blocks = f.free_blocks,
+          .held_bytes = f.held_bytes,
+          .held_blocks = f.held_blocks,
+          .device_allocs = f.device_allocs,
+          .device_frees = f.device_frees,
+          .alloc_retries = f.alloc_retries,
+          .ooms = f.ooms};
+}
+
+/// A private pool's checkpoint as PyTorch carries it (getCheckpointState / setCheckpointPoolState).
+struct strata_pool_state final : alloc::AllocatorState {
+  strata::plugin::pool_checkpoint<context_ptr> checkpoint;
+};
+
+struct route {
+  pool_id pool;
+  std::function<bool(cudaStream_t)> filter;
+};
+
+/// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
+struct device_view {
+  std::mutex mutex;
+  strata::plugin::device_statistics stats;
+  strata::plugin::block_table<context_ptr> blocks;
+  strata::plugin::memory_history<context_ptr> history;
+  std::vector<route> routes;
+};
+
+void local_raw_delete(void* ptr);
+
+class strata_backend final : public alloc::CUDAAllocator {
+public:
+  // ---- c10::Allocator ------------------------------------------------------------------------------------
+  c10::DataPtr allocate(size_t size) override
+  {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    void* p = size == 0 ? nullptr : malloc(device, size, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {p, p, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &local_raw_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final
+  {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  // ---- c10::DeviceAllocator ------------------------------------------------------------------------------
+  bool initialized() override { return initialized_.load(std::memory_order_acquire); }
+
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override
+  {
+    // strata's release covers every device and every pool's idle memory; a private pool's parked blocks stay
+    // (its graphs replay at their addresses) until the pool is released, as in PyTorch's allocator.
+    strata_reset();
+    check_no_error("emptyCache");
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override { alloc::CUDAAllocator::recordStream(ptr, stream); }
+
+  caching::DeviceStats getDeviceStats(c10::DeviceIndex device) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    observe(v, device);
+    return to_c10(v.stats);
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    observe(v, device);
+    v.stats.reset_accumulated();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    observe(v, device);
+    v.stats.reset_peaks();
+    strata_reset_peak_stats(device);  // strata_torch.memory_stats()' peaks move with PyTorch's
+  }
+
+  // ---- CUDAAllocator -------------------------------------------------------------------------------------
+  void* raw_alloc(size_t nbytes) override
+  {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
+  {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(device, nbytes, stream);
+  }
+  void raw_delete(void* ptr) override { free(ptr); }
+
+  void init(int device_count) override
+  {
+    std::lock_guard lock(init_mutex_);
+    if (static_cast<int>(views_.size()) < device_count) {
+      std::vector<std::unique_ptr<device_view>> grown;
+      for (auto& v : views_) grown.push_back(std::move(v));
+      while (static_cast<int>(grown.size()) < device_count) grown.push_back(std::make_unique<device_view>());
+      views_ = std::move(grown);
+    }
+    device_count_.store(device_count, std::memory_order_release);
+    initialized_.store(true, std::memory_order_release);
+  }
+
+  double getMemoryFraction(c10::DeviceIndex device) override
+  {
+    const strata_device_figures f = figures(device);
+    if (f.device_memory == 0 || f.limit == SIZE_MAX) return 1.0;
+    return static_cast<double>(f.limit) / static_cast<double>(f.device_memory);
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override
+  {
+    TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "strata: memory fraction ", fraction, " is not in (0, 1]");
+    (void)view(device);
+    (void)strata_last_error();
+    strata_report_error("");
+    strata_set_memory_fraction(fraction, device);
+    const std::string message = strata_last_error();
+    if (!message.empty()) TORCH_WARN(message);
+  }
+
+  std::vector<alloc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex /*device*/) override
+  {
+    return {};  // strata has no expandable segments: its page-mapped pool is one reservation per device
+  }
+
+  void enable(bool value) override
+  {
+    TORCH_CHECK(value, "strata: the allocator cannot be turned off once installed (PyTorch's uncached mode is not "
+                       "offered by the strata backend); use PyTorch's own allocator instead of strata_torch.enable()");
+  }
+  bool isEnabled() const override { return true; }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override
+  {
+    // cuDNN sizes its workspace by this: the largest block strata could hand out without growing, or the
+    // device's free memory, never past the cap's headroom (a workspace the cap refuses would fail the conv).
+    if (*largestBlock == 0) {
+      size_t free_bytes = 0, total = 0;
+      c10::cuda::CUDAGuard guard(device);
+      C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+      *largestBlock = free_bytes;
+    }
+    const strata_device_figures f = figures(device);
+    *largestBlock = std::max(*largestBlock, f.largest_free);
+    if (f.limit != SIZE_MAX) *largestBlock = std::min(*largestBlock, f.limit - std::min(f.limit, f.allocated));
+  }
+
+  void* getBaseAllocation(void* ptr, size_t* size) override { return strata_base_alloc(ptr, size); }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override
+  {
+    if (ptr.get_deleter() != &local_raw_delete || ptr.get() == nullptr) return;  // not ours (a shared tensor)
+    strata_report_error("");
+    strata_record_stream(ptr.get(), stream.stream());
+    check_no_error("recordStream");
+  }
+
+  alloc::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override
+  {
+    alloc::SnapshotInfo result;
+    const int count = device_count_.load(std::memory_order_acquire);
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      std::lock_guard lock(v.mutex);
+      append_segments(result.segments, v, static_cast<c10::DeviceIndex>(d), to_pool(mempool_id));
+      result.device_traces.emplace_back();
+      if (include_traces) append_trace(result.device_traces.back(), v, static_cast<c10::DeviceIndex>(d));
+    }
+    auto& md = result.config_metadata;
+    md.garbage_collection_threshold = 0.0;
+    md.max_split_size = SIZE_MAX;
+    md.pinned_num_register_threads = 1;
+    md.expandable_segments = false;
+    md.release_lock_on_malloc = false;
+    md.pinned_use_host_register = false;
+    md.graph_capture_record_stream_reuse = false;
+    const char* conf = std::getenv("STRATA_ALLOC_CONF");
+    md.last_allocator_settings = std::string("strata backend") + (conf != nullptr ? std::string(": ") + conf : std::string());
+    return result;
+  }
+
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    const pool_id id = to_pool(mempool_id);
+    v.blocks.create_or_incref(id);
+    try {
+      v.routes.push_back({id, filter});
+      strata_begin_allocate_to_pool(device, mempool_id, std::move(filter));
+    } catch (const std::exception& e) {
+      v.routes.pop_back();
+      (void)v.blocks.release(id);
+      TORCH_CHECK(false, "strata: beginAllocateToPool(", id.text(), "): ", e.what());
+    }
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    const pool_id id = to_pool(mempool_id);
+    const auto it = std::find_if(v.routes.rbegin(), v.routes.rend(), [&](const route& r) { return r.pool == id; });
+    TORCH_CHECK(it != v.routes.rend(), "strata: endAllocateToPool: no allocation to pool ", id.text(), " is under way");
+    v.routes.erase(std::next(it).base());
+    try {
+      strata_end_allocate_to_pool(device, mempool_id);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: endAllocateToPool(", id.text(), "): ", e.what());
+    }
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    const pool_id id = to_pool(mempool_id);
+    std::vector<std::pair<std::uintptr_t, strata::plugin::live_block<context_ptr>>> returned;
+    try {
+      returned = v.blocks.release(id);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
+    for (const auto& [address, b] : returned)
+      strata_free(reinterpret_cast<void*>(address), b.size, device, static_cast<cudaStream_t>(b.stream));
+    if (v.blocks.use_count(id) == 0) {
+      try {
+        strata_release_pool(device, mempool_id);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "strata: releasePool(", id.text(), "): ", e.what());
+      }
+    }
+    observe(v, device);
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    return v.blocks.use_count(to_pool(mempool_id));
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::shared_ptr<alloc::CUDAAllocator> allocator) override
+  {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "strata: a MemPool with an allocator of its own (", allocator ? allocator->name() : std::string(),
+                ") cannot be served while strata is PyTorch's allocator: strata serves every pool from its own stack. "
+                "Create the MemPool without an allocator");
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    try {
+      v.blocks.create_or_incref(to_pool(mempool_id));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: createOrIncrefPool: ", e.what());
+    }
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    try {
+      v.blocks.set_use_on_oom(to_pool(mempool_id), use_on_oom);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
+  }
+  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override
+  {
+    // A strata block is never cut to serve another request while it is live, and parked blocks are revived
+    // whole: every pool is already "no split" in PyTorch's sense.
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id, const std::unordered_set<void*>& expected) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    return v.blocks.pool_live_matches(to_pool(mempool_id), expected);
+  }
+
+  std::shared_ptr<alloc::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override
+  {
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    auto state = std::make_shared<strata_pool_state>();
+    state->checkpoint = v.blocks.checkpoint(device, to_pool(id));
+    return state;
+  }
+  alloc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<alloc::AllocatorState> as) override
+  {
+    const auto state = std::dynamic_pointer_cast<strata_pool_state>(as);
+    TORCH_CHECK(state != nullptr, "strata: setCheckpointPoolState was given a state another allocator made");
+    TORCH_CHECK(state->checkpoint.device == device, "strata: setCheckpointPoolState: the state is device ",
+                state->checkpoint.device, "'s, not device ", static_cast<int>(device), "'s");
+    device_view& v = view(device);
+    std::lock_guard lock(v.mutex);
+    strata::plugin::checkpoint_delta<context_ptr> d;
+    try {
+      d = v.blocks.restore(state->checkpoint);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
+    // The table already holds the new state; the statistics follow it: every freed block was live, every
+    // revived one is live now.
+    alloc::CheckpointDelta out;
+    for (std::uintptr_t a : d.freed) out.ptrs_freed.push_back(reinterpret_cast<void*>(a));
+    for (const auto& [a, b] : d.revived) {
+      void* p = reinterpret_cast<void*>(a);
+      out.dataptrs_allocd.emplace_back(p, p, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    recount(v);
+    observe(v, device);
+    return out;
+  }
+
+  alloc::ShareableHandle shareIpcHandle(void* ptr) override
+  {
+    size_t base_size = 0;
+    void* base = strata_base_alloc(ptr, &base_size);
+    cudaIpcMemHandle_t handle;
+    const cudaError_t status = cudaIpcGetMemHandle(&handle, base);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "strata: this block cannot be shared with another process: cudaIpcGetMemHandle failed (",
+                  cudaGetErrorString(status), "). CUDA IPC shares cudaMalloc'd memory only; stack=default maps pages "
+                  "(cuMemCreate). Start the sharing process with STRATA_ALLOC_CONF=stack=coalescing");
+    }
+    std::string text;
+    text.push_back(ipc_handle_version);
+    text.push_back(ipc_cuda_malloc);
+    text.append(reinterpret_cast<const char*>(&handle), sizeof handle);
+    return {static_cast<char*>(ptr) - static_cast<char*>(base), text};
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override
+  {
+    std::lock_guard lock(ipc_mutex_);
+    if (const auto it = opened_.find(handle); it != opened_.end())
+      if (auto live = it->second.lock()) return live;
+    cudaIpcMemHandle_t raw;
+    if (handle.size() == sizeof raw) {
+      std::memcpy(&raw, handle.data(), sizeof raw);  // a handle from a PyTorch before versioned handles
+    } else {
+      TORCH_CHECK(handle.size() == sizeof raw + 2 && handle[0] <= ipc_handle_version,
+                  "strata: getIpcDevPtr: a shareable handle of ", handle.size(), " bytes is not one this PyTorch writes");
+      TORCH_CHECK(handle[1] == ipc_cuda_malloc, "strata: getIpcDevPtr: handle type '", handle[1],
+                  "' (an expandable segment) cannot be opened under strata; only cudaMalloc'd memory ('c') can");
+      std::memcpy(&raw, handle.data() + 2, sizeof raw);
+    }
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    void* p = nullptr;
+    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&p, raw, cudaIpcMemLazyEnablePeerAccess));
+    std::shared_ptr<void> sp(p, [device](void* q) {
+      c10::cuda::CUDAGuard guard(device);
+      (void)cudaIpcCloseMemHandle(q);
+    });
+    opened_[handle] = sp;
+    return sp;
+  }
+
+  bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_acquire); }
+
+  void recordHistory(bool enabled, alloc::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                     alloc::RecordContext when, bool clearHistory, const std::vector<std::string>& skip_actions) override
+  {
+    const int count = device_count_.load(std::memory_order_acquire);
+    // Checked on every device first, so a bad name changes nothing anywhere.
+    for (const std::string& name : skip_actions) {
+      try {
+        (void)strata::plugin::parse_action(name);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "strata: ", e.what());
+      }
+    }
+    context_recorder_.store(context_recorder, std::memory_order_release);
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      std::lock_guard lock(v.mutex);
+      v.history.configure(enabled, static_cast<strata::plugin::context_mode>(when), alloc_trace_max_entries, clearHistory, skip_actions);
+    }
+    history_enabled_.store(enabled, std::memory_order_release);
+    when_.store(enabled ? static_cast<int>(when) : 0, std::memory_order_release);
+  }
+
+  void attachOutOfMemoryObserver(alloc::OutOfMemoryObserver observer) override
+  {
+    std::lock_guard lock(observers_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(alloc::AllocatorTraceTracker tracker) override
+  {
+    std::lock_guard lock(observers_mutex_);
+    trackers_.push_back(std::move(tracker));
+    has_trackers_.store(true, std::memory_order_release);
+  }
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
+  {
+    c10::cuda::CUDAGuard guard(dev);
+    const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else C10_CUDA_CHECK(status);
+    // strata's page-mapped memory grants peers access when its stack is built (peers= in the configuration);
+    // copies between devices use cudaMemcpyPeerAsync (memcpyAsync below), which needs no grant.
+  }
+
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count, cudaStream_t stream,
+                          bool /*p2p_enabled*/) override
+  {
+    // Page-mapped memory is reachable from a peer only where its stack granted access: the peer copy works
+    // whatever was granted (the driver takes the direct path where it can).
+    if (srcDevice == dstDevice) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
+  std::string name() override { return "strata"; }
+
+  // ---- the free behind every DataPtr ---------------------------------------------------------------------
+  void free(void* ptr)
+  {
+    if (ptr == nullptr) return;
+    const int count = device_count_.load(std::memory_order_acquire);
+    context_ptr context;
+    if (when_.load(std::memory_order_acquire) == static_cast<int>(alloc::RecordContext::ALL)) context = gather();
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      std::lock_guard lock(v.mutex);
+      auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
+      if (!gone) continue;
+      const auto& [b, parked] = *gone;
+      if (!parked) strata_free(ptr, b.size, d, static_cast<cudaStream_t>(b.stream));
+      v.stats.on_free(b.size, b.requested);
+      observe(v, static_cast<c10::DeviceIndex>(d));
+      record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
+      record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
+      return;
+    }
+    TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
+  }
+
+private:
+  device_view& view(c10::DeviceIndex device)
+  {
+    const int count = device_count_.load(std::memory_order_acquire);
+    TORCH_CHECK(device >= 0 && device < count, "strata: invalid device ", static_cast<int>(device), " (", count,
+                " devices): did CUDA initialize?");
+    return *views_[static_cast<std::size_t>(device)];
+  }
+
+  static strata_device_figures figures(c10::DeviceIndex device)
+  {
+    strata_device_figures f{};
+    TORCH_CHECK(strata_device_figures_get(device, &f) >= 0, "strata: ", strata_last_error());
+    if (f.limit == 0 && f.device_memory == 0) f.limit = SIZE_MAX;  // not built yet: no cap known
+    return f;
+  }
+
+  static void observe(device_view& v, c10::DeviceIndex device)
+  {
+    strata_device_figures f{};
+    if (strata_device_figures_get(device, &f) < 0) return;
+    v.stats.observe(figures_of(f), v.blocks.parked_bytes(), v.blocks.parked_blocks());
+  }
+
+  /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
+  static void recount(device_view& v)
+  {
+    std::vector<std::pair<std::size_t, std::size_t>> live;
+    v.blocks.for_each_live([&](std::uintptr_t, const auto& b) { live.emplace_back(b.size, b.requested); });
+    v.stats.recount_live(live);
+  }
+
+  context_ptr gather() const
+  {
+    const auto recorder = context_recorder_.load(std::memory_order_acquire);
+    return recorder != nullptr ? recorder() : nullptr;
+  }
+
+  void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream)
+  {
+    context_ptr context;
+    if (when_.load(std::memory_order_acquire) != static_cast<int>(alloc::RecordContext::NEVER)) context = gather();
+    device_view& v = view(device);
+    std::unique_lock lock(v.mutex);
+    pool_id pool{};
+    for (auto it = v.routes.rbegin(); it != v.routes.rend(); ++it)
+      if (it->filter(stream)) {
+        pool = it->pool;
+        break;
+      }
+    if (!pool.none())
+      if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
+        v.stats.on_allocate(size, size);
+        observe(v, device);
+        record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
+        return reinterpret_cast<void*>(*revived);
+      }
+    void* p = nullptr;
+    try {
+      p = strata_malloc_or_throw(size, device, stream);
+    } catch (const std::bad_alloc&) {
+      const std::string strata_message = strata_last_error();
+      observe(v, device);
+      out_of_memory(v, std::move(lock), device, size, stream, strata_message);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: allocating ", size, " bytes on device ", static_cast<int>(device), ": ", e.what());
+    }
+    try {
+      v.blocks.insert(reinterpret_cast<std::uintptr_t>(p), {size, size, stream, pool, context});
+    } catch (const std::exception& e) {
+      strata_free(p, size, device, stream);
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
+    v.stats.on_allocate(size, size);
+    observe(v, device);
+    record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    return p;
+  }
+
+  [[noreturn]] void out_of_memory(device_view& v, std::unique_lock<std::mutex> lock, c10::DeviceIndex device, size_t size,
+                                  cudaStream_t stream, const std::string& strata_message)
+  {
+    size_t device_free = 0, device_total = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess) (void)cudaGetLastError();
+    }
+    strata_device_figures f{};
+    (void)strata_device_figures_get(device, &f);
+    record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
+    const auto allocated = static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current);
+    lock.unlock();
+    std::vector<alloc::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard olock(observers_mutex_);
+      observers = oom_observers_;
+    }
+    for (const auto& o : observers) o(device, allocated, device_total, device_free);
+    std::ostringstream cap;
+    if (f.limit != SIZE_MAX) cap << ", cap " << c10::CachingAllocator::format_size(f.limit);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", c10::CachingAllocator::format_size(size),
+                     ". GPU ", static_cast<int>(device), " has a total capacity of ", c10::CachingAllocator::format_size(device_total),
+                     " of which ", c10::CachingAllocator::format_size(device_free), " is free. Of the allocated memory ",
+                     c10::CachingAllocator::format_size(allocated), " is allocated by PyTorch, and ",
+                     c10::CachingAllocator::format_size(f.reserved - std::min(f.reserved, f.in_use)),
+                     " is reserved by strata but unallocated. strata holds ", c10::CachingAllocator::format_size(f.reserved),
+                     " (largest free block ", c10::CachingAllocator::format_size(f.largest_free), ", ",
+                     c10::CachingAllocator::format_size(f.held_bytes), " held for other streams", cap.str(),
+                     "). strata: ", strata_message);
+  }
+
+  void record(device_view& v, int device, strata::plugin::trace_action action, void* address, size_t size, void* stream,
+              pool_id pool, const context_ptr& context)
+  {
+    const bool tracked = has_trackers_.load(std::memory_order_acquire);
+    if (!v.history.enabled() && !tracked) return;
+    const std::uint64_t time = now_us();
+    if (v.history.enabled())
+      v.history.record({action, reinterpret_cast<std::uintptr_t>(address), size, stream, pool, time, context});
+    if (tracked) {
+      caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
+                             reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context);
+      std::lock_guard olock(observers_mutex_);
+      for (const auto& t : trackers_) t(te);
+    }
+  }
+
+  static void append_segments(std::vector<caching::SegmentInfo>& out, device_view& v, c10::DeviceIndex device, pool_id only)
+  {
+    const size_t need = strata_snapshot_json(device, nullptr, 0);
+    TORCH_CHECK(need > 0, "strata: snapshot: ", strata_last_error());
+    std::string text(need + 1, '\0');
+    TORCH_CHECK(strata_snapshot_json(device, text.data(), text.size()) == need, "strata: snapshot changed while read");
+    text.resize(need);
+    strata::snapshot view;
+    try {
+      view = strata::plugin::parse_snapshot_json(text);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: snapshot: ", e.what());
+    }
+    for (const auto& s : strata::plugin::snapshot_segments(view, v.blocks, only)) {
+      caching::SegmentInfo si;
+      si.device = device;
+      si.address = s.address;
+      si.total_size = s.total;
+      si.requested_size = s.requested;
+      si.allocated_size = s.allocated;
+      si.active_size = s.active;
+      si.stream = s.stream;
+      si.is_large = s.total > strata::plugin::small_request_limit;
+      si.is_expandable = false;
+      si.owner_private_pool_id = to_mempool(s.pool);
+      for (const auto& b : s.blocks) {
+        caching::BlockInfo bi;
+        bi.size = b.size;
+        bi.requested_size = b.requested;
+        bi.allocated = b.allocated;
+        bi.active = b.active;
+        bi.context_when_allocated = b.context;
+        si.blocks.push_back(std::move(bi));
+      }
+      out.push_back(std::move(si));
+    }
+  }
+
+  static void append_trace(std::vector<caching::TraceEntry>& out, const device_view& v, c10::DeviceIndex device)
+  {
+    for (const auto& r : v.history.trace()) {
+      caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(r.action), device, r.address, r.size, r.stream,
+                             to_mempool(r.pool), 0, r.context);
+      te.time_.t_ = static_cast<time_t>(r.time);  // microseconds since the epoch, as PyTorch's snapshot has them
+      out.push_back(std::move(te));
+    }
+  }
+
+  static caching::DeviceStats to_c10(const strata::plugin::device_statistics& s)
+  {
+    caching::DeviceStats out;
+    auto copy = [](c10::CachingAllocator::StatArray& to, const strata::plugin::stat_array& from) {
+      for (std::size_t k = 0; k < strata::plugin::pool_kinds; ++k) {
+        to[k].current = from.kinds[k].current;
+        to[k].peak = from.kinds[k].peak;
+        to[k].allocated = from.kinds[k].allocated;
+        to[k].freed = from.kinds[k].freed;
+      }
+    };
+    copy(out.allocation, s.allocation);
+    copy(out.segment, s.segment);
+    copy(out.active, s.active);
+    copy(out.inactive_split, s.inactive_split);
+    copy(out.allocated_bytes, s.allocated_bytes);
+    copy(out.reserved_bytes, s.reserved_bytes);
+    copy(out.active_bytes, s.active_bytes);
+    copy(out.inactive_split_bytes, s.inactive_split_bytes);
+    copy(out.requested_bytes, s.requested_bytes);
+    out.num_alloc_retries = s.num_alloc_retries;
+    out.num_ooms = s.num_ooms;
+    out.num_sync_all_streams = s.num_sync_all_streams;
+    out.num_device_alloc = s.num_device_alloc;
+    out.num_device_free = s.num_device_free;
+    out.max_split_size = -1;  // strata has no split-size limit
+    return out;
+  }
+
+  static void check_no_error(const char* where)
+  {
+    const std::string message = strata_last_error();
+    if (!message.empty()) TORCH_CHECK(false, "strata: ", where, ": ", message);
+  }
+
+  std::mutex init_mutex_;
+  std::vector<std::unique_ptr<device_view>> views_;
+  std::atomic<int> device_count_{0};
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> history_enabled_{false};
+  std::atomic<int> when_{0};
+  std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
+  std::mutex observers_mutex_;
+  std::vector<alloc::OutOfMemoryObserver> oom_observers_;
+  std::vector<alloc::AllocatorTraceTracker> trackers_;
+  std::atomic<bool> has_trackers_{false};
+  std::mutex ipc_mutex_;
+  std::unordered_map<std::string, std::weak_ptr<void>> opened_;
+};
+
+/// Never destroyed: PyTorch frees tensors during interpreter teardown, after static destructors run.
+std::shared_ptr<strata_backend>& backend()
+{
+  static auto* b = new std::shared_ptr<strata_backend>(std::make_shared<strata_backend>());
+  return *b;
+}
+
+void local_raw_delete(void* ptr) { backend()->free(ptr); }
+
+} // namespace
+
+/// Installs the strata backend as PyTorch's CUDA allocator. Must run before CUDA is initialized in the process
+/// (PyTorch refuses to swap an allocator that has served memory). 0 on success; 1 with strata_last_error() set.
+extern "C" STRATA_ALLOC_API int strata_torch_install_backend(void)
+{
+  try {
+    strata_set_oom_handler(nullptr);  // the backend raises torch.OutOfMemoryError itself, with its figures
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(backend());
+    return 0;
+  } catch (const std::exception& e) {
+    strata_report_error((std::string("strata_torch_install_backend: ") + e.what()).c_str());
+    return 1;
+  }
+}
