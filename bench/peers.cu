@@ -2,7 +2,7 @@
 //   1. pair latency: allocate then free the same size, 256 B .. 1 GiB;
 //   2. random allocations: 200,000 operations, up to 2,000 live, 50/50, sizes uniform in [1 B, 1 MiB] and
 //      log-uniform in [256 B, 64 MiB];
-//   3. replay of every trace given (DESIGN.md format) on real device memory, from a fresh allocator each time
+//   3. replay of every trace given (the format of bench/traces/README.md) on real device memory, from a fresh allocator each time
 //      (growth counted): ns per operation, peak reserved / peak live, and the device's own view (the rise in
 //      cudaMemGetInfo's used memory over the replay). Streams as in the trace (0: the legacy default stream,
 //      others created) for every allocator that takes a stream.

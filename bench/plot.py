@@ -186,7 +186,7 @@ if replays:
                                 f"{so['ratio']:.3f} vs {co['ratio']:.3f}", so["ratio"] <= co["ratio"] * bound))
 
 if targets:
-    say("### Targets (issue 13), against the recommended stack where they name it\n")
+    say("### Targets, against the recommended stack where they name it\n")
     say("| target | figure | verdict |")
     say("|---|---|---|")
     for t, fig, ok in targets:

@@ -257,7 +257,7 @@ TEST_CASE("tracking: live allocations with tags and streams; a leak report on de
   CHECK(at_exit.str().find("1 live allocation(s), 2000 bytes") != std::string::npos);
 }
 
-TEST_CASE("recorder: writes the DESIGN.md trace format, which replays to the same peak")
+TEST_CASE("recorder: writes the trace format of bench/traces/README.md, which replays to the same peak")
 {
   std::ostringstream out;
   simulated_streams world;

@@ -457,7 +457,7 @@ TEST_CASE("graph pools: a stream destroyed after its capture is never asked abou
   }
 }
 
-TEST_CASE("stream_ordered: the device-wide wait covers the policy's device, not merely the current one (issue 17 item 1)")
+TEST_CASE("stream_ordered: the device-wide wait covers the policy's device, not merely the current one")
 {
   /// A policy that says which device its memory lives on.
   struct on_device_3 : coalescing_pool<simulated_source> {

@@ -420,7 +420,7 @@ TEST_CASE("stream_ordered: a synchronous allocate gets a block no work is still 
   other.layer.deallocate(d, 7000, 256);
 }
 
-TEST_CASE("stream_ordered: a synchronous free is safe for work on any stream, as cudaFree is (issue 14 item 1)")
+TEST_CASE("stream_ordered: a synchronous free is safe for work on any stream, as cudaFree is")
 {
   rig<true> r(64 << 20, {.sync_frees_per_wait = 4});
   const cuda::stream_ref non_blocking = r.world.create(), other = r.world.create();
@@ -454,7 +454,7 @@ TEST_CASE("stream_ordered: a synchronous free is safe for work on any stream, as
   r.free(big, 1 << 20, other);
 }
 
-TEST_CASE("stream_ordered: the device-wide wait covers every device whose streams used the layer (issue 14 item 4)")
+TEST_CASE("stream_ordered: the device-wide wait covers every device whose streams used the layer")
 {
   rig<> r(64 << 20, {.sync_frees_per_wait = 1});
   const cuda::stream_ref on_zero = r.world.create(0), on_one = r.world.create(1);
@@ -469,7 +469,7 @@ TEST_CASE("stream_ordered: the device-wide wait covers every device whose stream
   CHECK(r.world.completed(r.world.id_of(on_one)) == r.world.enqueued(r.world.id_of(on_one)));
 }
 
-TEST_CASE("stream_ordered: events are made on their stream's device, whichever device is current (issue 17 item 1)")
+TEST_CASE("stream_ordered: events are made on their stream's device, whichever device is current")
 {
   // The world refuses an event of one device recorded on another device's stream, as cudaEventRecord does.
   rig<> r(64 << 20, {.frees_per_event = 1});
@@ -490,7 +490,7 @@ TEST_CASE("stream_ordered: events are made on their stream's device, whichever d
   CHECK(r.layer.cached_blocks() == 0);
 }
 
-TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue 14 item 4)")
+TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe")
 {
   simulated_streams world;
   spy<host_source> policy;
@@ -524,7 +524,7 @@ TEST_CASE("stream_ordered: failed waits never hand blocks back as if safe (issue
   CHECK(policy.mismatches() == 0);
 }
 
-TEST_CASE("stream_ordered: with graph pools off, graph capture is refused clearly and leaves the layer usable (issue 14 item 5)")
+TEST_CASE("stream_ordered: with graph pools off, graph capture is refused clearly and leaves the layer usable")
 {
   rig<> r(64 << 20, {.graph_pools = false});  // private pools: tests/test_graph_pools.cpp
   const cuda::stream_ref owner = r.world.create(), s = r.world.create();
@@ -551,7 +551,7 @@ TEST_CASE("stream_ordered: with graph pools off, graph capture is refused clearl
   CHECK(r.layer.cached_blocks() == 0);
 }
 
-TEST_CASE("stream_ordered: stats count every host wait the backend made (issue 16)")
+TEST_CASE("stream_ordered: stats count every host wait the backend made")
 {
   rig<> r(1 << 20, {.sync_frees_per_wait = 2});
   const cuda::stream_ref a = r.world.create(), b = r.world.create();
@@ -573,7 +573,7 @@ TEST_CASE("stream_ordered: stats count every host wait the backend made (issue 1
   CHECK(st.device_syncs == r.world.calls().device_waits);
 }
 
-TEST_CASE("stream_ordered: a per-thread default stream's identified_stream used on another thread is looked up again (issue 14 item 3)")
+TEST_CASE("stream_ordered: a per-thread default stream's identified_stream used on another thread is looked up again")
 {
   rig<> r(64 << 20);
   const identified_stream mine = r.world.identify(cuda::stream_ref{cudaStreamPerThread});
@@ -740,7 +740,7 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
   }
 }
 
-TEST_CASE("checked over stream_ordered: streams compared by id, a bounded free record, misuse never terminates (issue 14 items 2, 17)")
+TEST_CASE("checked over stream_ordered: streams compared by id, a bounded free record, misuse never terminates")
 {
   simulated_streams world;
   using so = stream_ordered<coalescing_pool<host_source>, simulated_events>;

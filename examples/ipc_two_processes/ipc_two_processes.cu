@@ -1,4 +1,4 @@
-// Sharing strata blocks between two processes (issue 17 item 3), for each kind of memory strata makes:
+// Sharing strata blocks between two processes for each kind of memory strata makes:
 // cudaMalloc'd chunks (a coalescing_pool over device_source), a cudaMemPool_t (async_source), page-mapped
 // memory (mapped_pool over driver_pages) and the recommended stack (default_pool).
 //

@@ -1,4 +1,4 @@
-// Data-parallel gradients in strata pools, all-reduced with NCCL (issue 17 item 5): one process drives every
+// Data-parallel gradients in strata pools, all-reduced with NCCL: one process drives every
 // GPU (at most 8), each holding its gradients and its reduced copy in the recommended stack of its own
 // device (default_pools: per_device<default_pool>), allocated and freed in stream order on that device's
 // stream. ncclAllReduce sums them in place and out of place; a kernel on each device checks every element.

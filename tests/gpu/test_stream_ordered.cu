@@ -317,7 +317,7 @@ TEST_CASE("stream_ordered: a legacy-stream owner's frees carry no event; another
   REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
 }
 
-TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking stream is safe, as cudaFree is (issue 14 item 1)")
+TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking stream is safe, as cudaFree is")
 {
   void* out = nullptr;
   REQUIRE(cudaMalloc(&out, 1 << 20) == cudaSuccess);
@@ -364,7 +364,7 @@ TEST_CASE("stream_ordered: a synchronous free after work on a non-blocking strea
   REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
 }
 
-TEST_CASE("stream_ordered: graph capture is refused clearly; the capture and the layer stay healthy (issue 14 item 5)")
+TEST_CASE("stream_ordered: graph capture is refused clearly; the capture and the layer stay healthy")
 {
   cudaStream_t s = make_stream(), owner = make_stream();
   layer_t layer{pool{}, {.graph_pools = false}};  // with private pools (the default) capture is served: test_graphs.cu
@@ -392,7 +392,7 @@ TEST_CASE("stream_ordered: graph capture is refused clearly; the capture and the
   REQUIRE(cudaStreamDestroy(owner) == cudaSuccess);
 }
 
-TEST_CASE("stream_ordered: the device-wide wait covers every device the layer's streams ran on (issue 14 item 4)")
+TEST_CASE("stream_ordered: the device-wide wait covers every device the layer's streams ran on")
 {
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);

@@ -13,9 +13,8 @@
 
 namespace strata::plan {
 
-/// A device's memory as the planner assumes it. `measured`: what cudaMemGetInfo reported as total on such a
-/// device in a run archived under docs/results; otherwise the marketed size read as GiB (the usable memory is
-/// a little less: about 0.8 GiB less on the measured H100).
+/// A device's memory as the planner assumes it. `measured`: what cudaMemGetInfo reports as total on such a
+/// device; otherwise the marketed size read as GiB (the usable memory is a little less).
 struct device_memory {
   const char* name;
   std::size_t bytes;
@@ -26,8 +25,8 @@ inline constexpr std::size_t gib = std::size_t{1} << 30;
 
 inline const std::vector<device_memory>& devices()
 {
-  // H100-80GB: docs/results/2026-11-22-8735cab-h100/summary.md, memory_fraction: 80% of the total is a cap of
-  // 68013994803 bytes, so the total is 85017493504 bytes (79.18 GiB).
+  // H100-80GB: the total cudaMemGetInfo reports on an H100 80GB HBM3, 85017493504 bytes (79.18 GiB);
+  // examples/memory_fraction prints a device's total and the cap it sets.
   static const std::vector<device_memory> table{
       {"H100-80GB", 85017493504ull, true}, {"H100", 85017493504ull, true}, {"H100-94GB", 94 * gib, false},
       {"H200", 141 * gib, false},         {"GH200", 96 * gib, false},     {"B200", 180 * gib, false},

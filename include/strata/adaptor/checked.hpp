@@ -25,7 +25,7 @@
 
 namespace strata {
 
-/// Catches misuse that the plain boxes leave undefined (DESIGN.md rule 5) with a strata::usage_error saying
+/// Catches misuse that the plain boxes leave undefined (docs/architecture.md, rule 5) with a usage_error saying
 /// what happened, before anything reaches the upstream, so the pool stays intact: a double free, a pointer
 /// the box never handed out (or one inside a live block), a free whose size or alignment differs from the
 /// allocation's, a stream-ordered free on a stream the block was neither allocated on nor recorded as used

@@ -20,8 +20,8 @@
 
 namespace strata {
 
-/// Writes every allocate and free as the trace format of DESIGN.md (CSV `op,id,bytes,stream`), so a
-/// program's own workload can be replayed against other stacks, or against simulated_source to plan
+/// Writes every allocate and free in the trace format of bench/traces/README.md (CSV `op,id,bytes,stream`),
+/// so a program's own workload can be replayed against other stacks, or against simulated_source to plan
 /// capacity. Ids number allocations in order; streams are numbered in order of first use, 0 being the
 /// synchronous calls and the legacy/per-thread default streams.
 /// Models: whatever the upstream models; its properties. Cost: a mutex, a hash-map operation and one

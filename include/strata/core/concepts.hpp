@@ -1,5 +1,5 @@
 #pragma once
-// The vocabulary every strata box speaks (DESIGN.md), and the optional capabilities detected with
+// The vocabulary every strata box speaks (docs/architecture.md), and the optional capabilities detected with
 // `requires` so that adaptors use them only where a box really has them.
 #include <concepts>
 #include <cstddef>

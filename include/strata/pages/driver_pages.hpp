@@ -96,8 +96,8 @@ inline void driver_check(CUresult status, const char* call, std::source_location
 /// the peer devices named at construction (cuMemSetAccess covers each of them: peer access enabled the
 /// runtime way does not reach memory mapped this way).
 /// Models page_backend; device_accessible. Cost: every call is a driver call, priced per call whatever the
-/// size (bench/vmm_costs on an H100: cuMemCreate ~7-11 µs, cuMemMap ~1 µs, cuMemSetAccess ~25-39 µs,
-/// cuMemUnmap ~17-24 µs, cuMemRelease ~10-15 µs); synchronize() is a cudaDeviceSynchronize of the device.
+/// size (bench/vmm_costs times each; cuMemSetAccess and cuMemUnmap cost most); synchronize() is a
+/// cudaDeviceSynchronize of the device.
 /// Holds no mutable state but its counters, which the owning pool guards.
 class driver_pages {
 public:
@@ -171,7 +171,7 @@ public:
 
   void map(std::uintptr_t address, page p, std::size_t bytes)
   {
-    detail::scoped_device on(device_);  // the device's context, whatever the caller has current (issue 17)
+    detail::scoped_device on(device_);  // the device's context, whatever the caller has current
     detail::driver_check(detail::vmm_driver::get().map(static_cast<CUdeviceptr>(address), bytes, 0, p, 0), "cuMemMap");
     ++counts_.maps;
   }

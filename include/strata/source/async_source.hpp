@@ -26,7 +26,7 @@ namespace strata {
 /// opened to `peers` (cudaMemPoolSetAccess: read and write from those devices' kernels; runtime peer access
 /// does not reach pool memory); a peer without a path to the device is a peer_access_error.
 /// Models: stream_resource, device_accessible. Alignment up to 256. Equal when they share the pool.
-/// Cost: the driver's stream-ordered allocator (about 0.3 µs a call, its own lock); the synchronous calls add a
+/// Cost: a call into the driver's stream-ordered allocator (which takes its own lock); the synchronous calls add a
 /// cudaGetDevice, and a cudaSetDevice pair when another device is current. Thread-safe. Move-only.
 class async_source : public stream_names<async_source> {
 public:

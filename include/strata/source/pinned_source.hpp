@@ -15,7 +15,7 @@ namespace strata {
 /// Host- and device-accessible: on every 64-bit platform CUDA supports, pinned memory is mapped into the
 /// unified address space, so a kernel can use the host pointer directly.
 /// Models: resource, host_accessible, device_accessible. Alignment up to 256 (pages are 4 KiB).
-/// Cost: cudaHostAlloc pins pages (about 0.6 ms even for 4 KiB): put a pool over it. Thread-safe.
+/// Cost: cudaHostAlloc pins pages, slow even for 4 KiB: put a pool over it. Thread-safe.
 class pinned_source : public sync_names<pinned_source> {
 public:
   static constexpr std::size_t max_alignment = default_alignment;

@@ -19,8 +19,8 @@
 namespace strata {
 
 /// Addresses without memory: a range of address space reserved with PROT_NONE and never touched (a touch
-/// faults, which is how tests prove that a policy keeps DESIGN.md's rule 1). With an optional capacity it
-/// refuses, with out_of_memory, any request that would put more than `capacity` bytes in use: "does this
+/// faults, which is how tests prove that a policy keeps docs/architecture.md's rule 1). With an optional
+/// capacity it refuses, with out_of_memory, any request that would put more than `capacity` bytes in use: "does this
 /// trace fit in 80 GiB with this stack?" answered on a laptop.
 /// Free ranges are kept best-fit (by size) and merged with their neighbours (by address).
 /// With `rounding::like_cudamalloc` it rounds as cudaMalloc does on current GPUs (measured on an H200): a

@@ -1,6 +1,6 @@
 #pragma once
-// Telling streams apart costs a driver call (cuStreamGetId, about 25 ns on an H200 host; the runtime's
-// cudaStreamGetId about 60-85 ns), as much as a whole cached allocate+free in stream_ordered. A stream created
+// Telling streams apart costs a driver call (cuStreamGetId; the runtime's cudaStreamGetId costs more), a large
+// share of a whole cached allocate+free in stream_ordered (bench/streams measures both). A stream created
 // once and used for many allocations can carry its id.
 //
 // Handle 0 means the legacy default stream in code compiled normally and the calling thread's per-thread
