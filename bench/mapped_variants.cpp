@@ -1,8 +1,8 @@
 // The design points of mapped_pool side by side: every trace in bench/traces replayed through each variant of
 // its options, and what each costs in memory (peak held / peak live at sizes x0.9, x1.0, x1.1) and in driver
 // calls (maps and unmaps per 1000 operations at x1.0, the figures that set its speed on a GPU: each mapping
-// is a cuMemCreate + cuMemMap + cuMemSetAccess round trip of ~45 us, each unmapping a cuMemUnmap +
-// cuMemRelease of ~30 us, whatever the size; bench/vmm_costs). The last column is the floor no page-mapped
+// is a cuMemCreate + cuMemMap + cuMemSetAccess round trip, each unmapping a cuMemUnmap + cuMemRelease,
+// priced per call whatever the size: bench/vmm_costs times them). The last column is the floor no page-mapped
 // pool can go under with this placement: the most 2 MiB pages live blocks ever touched, over peak live.
 // The last rows put a size-class front (segregator + size_class_pool, the random-allocation benchmark's
 // fast path) before the default pool, to show what it costs in memory.
