@@ -19,10 +19,13 @@
 #include <strata/core/properties.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/detail/address_range.hpp>
+#include <strata/detail/emptied_on_move.hpp>
 #include <strata/detail/object_pool.hpp>
 #include <strata/detail/pointer_map.hpp>
 #include <strata/detail/tlsf_lists.hpp>
 #include <strata/detail/tlsf_mapping.hpp>
+#include <strata/detail/upstream_chunks.hpp>
 
 namespace strata {
 
@@ -32,7 +35,7 @@ namespace strata {
 /// its free address neighbours inside its chunk at once. Block headers live in host memory (never in the
 /// memory handed out).
 ///
-/// Built to hold no more than it must (issue 13). Small requests (up to `small_limit`) are carved from small
+/// Built to hold no more than it must. Small requests (up to `small_limit`) are carved from small
 /// chunks of their own, since small live blocks scattered through large free ranges pin them. A search looks
 /// first through (at most `exact_fit_scan` blocks of) the request's own list, so a free block of exactly the
 /// requested size is used rather than growing beside it. Before the pool grows it hands wholly free chunks
@@ -69,7 +72,7 @@ public:
   };
 
   explicit coalescing_pool(Upstream upstream = Upstream{}) : coalescing_pool(std::move(upstream), options{}) {}
-  coalescing_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts)
+  coalescing_pool(Upstream upstream, options opts) : chunks_(std::move(upstream)), opts_(opts)
   {
     if (opts.initial_chunk == 0 || opts.max_chunk == 0 || !(opts.growth_factor >= 1.0))
       throw std::invalid_argument("coalescing_pool: initial_chunk and max_chunk must be positive, growth_factor >= 1");
@@ -82,19 +85,13 @@ public:
     next_chunk_ = first_chunk();
   }
 
-  coalescing_pool(coalescing_pool&& other) noexcept : upstream_(std::move(other.upstream_)) { take(other); }
-  coalescing_pool& operator=(coalescing_pool&& other) noexcept
-  {
-    if (this != &other) {
-      return_everything();
-      upstream_ = std::move(other.upstream_);
-      take(other);
-    }
-    return *this;
-  }
+  // The chunks go back to the upstream with chunks_ (on destruction, and before a move assignment takes the
+  // other pool's); every other member is left empty by a move.
+  coalescing_pool(coalescing_pool&&) noexcept = default;
+  coalescing_pool& operator=(coalescing_pool&&) noexcept = default;
   coalescing_pool(const coalescing_pool&) = delete;
   coalescing_pool& operator=(const coalescing_pool&) = delete;
-  ~coalescing_pool() { return_everything(); }
+  ~coalescing_pool() = default;
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
@@ -111,7 +108,7 @@ public:
     if (b == nullptr) b = grow(search, bytes, band, nullptr);
     else if (too_large_to_carve(b, search)) b = grow(search, bytes, band, b);
     const std::uintptr_t start = align_address(b->address, align);
-    block* used = start > b->address ? spare_[spares_ - 1] : b;  // split_front's node is the next spare
+    block* used = start > b->address ? spares_.node[spares_.count - 1] : b;  // carve's `rest` is the next spare
     try {
       used_.insert(reinterpret_cast<void*>(start), used);
     } catch (...) {
@@ -120,10 +117,10 @@ public:
     }
     commit_growth();
     remove_free(b);
-    if (start > b->address) b = split_front(b, start - b->address);
-    if (b->size > size) split_back(b, size);
-    b->free = false;
-    in_use_ += b->size;
+    block* rest = start > b->address ? take_spare() : nullptr;  // the spare `used` names
+    block* tail = start + size < b->address + b->size ? take_spare() : nullptr;
+    b = detail::address_range::carve(b, start, size, rest, tail, [this](block* piece) { insert_free(piece); });
+    held_.in_use += b->size;
     return reinterpret_cast<void*>(b->address);
   }
 
@@ -132,19 +129,8 @@ public:
     if (p == nullptr) return;
     block* b = nullptr;
     if (!used_.take(p, &b)) return;  // not ours: undefined by the rules; checked<> reports it
-    in_use_ -= b->size;
-    b->free = true;
-    if (b->next != nullptr && b->next->free) {
-      remove_free(b->next);
-      absorb_next(b);
-    }
-    if (b->prev != nullptr && b->prev->free) {
-      block* prev = b->prev;
-      remove_free(prev);
-      absorb_next(prev);
-      b = prev;
-    }
-    insert_free(b);
+    held_.in_use -= b->size;
+    insert_free(detail::address_range::merge_free(b, [this](block* n) { remove_free(n); }, [this](block* n) { recycle(n); }));
   }
 
   /// The bytes a block for `bytes` really holds. A size the pool can never serve (allocate throws
@@ -177,16 +163,16 @@ public:
   std::size_t release()
   {
     std::size_t returned = 0;
-    while (idle_head_ != nullptr) {
-      block* b = idle_head_;
+    while (idle_.head != nullptr) {
+      block* b = idle_.head;
       remove_free(b);
       const auto it = chunks_.find(b->address);
       const chunk_info chunk = it->second;
       chunks_.erase(it);
       nodes_.recycle(b);
       returned += chunk.size;
-      reserved_ -= chunk.size;
-      upstream_.deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
+      held_.reserved -= chunk.size;
+      chunks_.upstream().deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
     }
     if (chunks_.empty()) next_chunk_ = first_chunk();
     return returned;
@@ -194,7 +180,7 @@ public:
 
   strata::usage usage() const noexcept
   {
-    return {.reserved = reserved_, .in_use = in_use_, .largest_free = std::max(bands_[0].largest(), bands_[1].largest()),
+    return {.reserved = held_.reserved, .in_use = held_.in_use, .largest_free = std::max(bands_[0].largest(), bands_[1].largest()),
             .chunks = chunks_.size(), .used_blocks = used_.size(), .free_blocks = bands_[0].count() + bands_[1].count()};
   }
 
@@ -209,8 +195,8 @@ public:
     return s;
   }
 
-  Upstream& upstream() noexcept { return upstream_; }
-  const Upstream& upstream() const noexcept { return upstream_; }
+  Upstream& upstream() noexcept { return chunks_.upstream(); }
+  const Upstream& upstream() const noexcept { return chunks_.upstream(); }
 
   friend bool operator==(const coalescing_pool& a, const coalescing_pool& b) noexcept { return &a == &b; }
 
@@ -239,9 +225,9 @@ private:
     std::size_t alignment = 0;
     block* first = nullptr;
   };
-  using chunk_map = std::map<std::uintptr_t, chunk_info>;
+  using chunk_map = detail::upstream_chunks<Upstream, chunk_info>;
 
-  [[noreturn]] void throw_oom(std::size_t bytes) const { throw out_of_memory("coalescing_pool", bytes, figures(reserved_, in_use_)); }
+  [[noreturn]] void throw_oom(std::size_t bytes) const { throw out_of_memory("coalescing_pool", bytes, figures(held_.reserved, held_.in_use)); }
 
   unsigned band_for(std::size_t search) const noexcept { return search <= opts_.small_limit ? small_band : large_band; }
 
@@ -255,10 +241,10 @@ private:
     bands_[b->band].insert(b);
     if (!whole_chunk(b)) return;
     b->idle_prev = nullptr;
-    b->idle_next = idle_head_;
-    if (idle_head_ != nullptr) idle_head_->idle_prev = b;
-    idle_head_ = b;
-    ++idle_count_;
+    b->idle_next = idle_.head;
+    if (idle_.head != nullptr) idle_.head->idle_prev = b;
+    idle_.head = b;
+    ++idle_.count;
   }
 
   void remove_free(block* b) noexcept
@@ -266,10 +252,10 @@ private:
     bands_[b->band].remove(b);
     if (!whole_chunk(b)) return;
     if (b->idle_prev != nullptr) b->idle_prev->idle_next = b->idle_next;
-    else idle_head_ = b->idle_next;
+    else idle_.head = b->idle_next;
     if (b->idle_next != nullptr) b->idle_next->idle_prev = b->idle_prev;
     b->idle_prev = b->idle_next = nullptr;
-    --idle_count_;
+    --idle_.count;
   }
 
   /// A wholly free chunk far larger than the request (more than three times, and by more than max_chunk)
@@ -284,45 +270,13 @@ private:
 
   void ensure_spares()
   {
-    while (spares_ < spare_count) spare_[spares_++] = nodes_.make();
+    while (spares_.count < spare_count) spares_.node[spares_.count++] = nodes_.make();
   }
-  block* take_spare() noexcept { return spare_[--spares_]; }
+  block* take_spare() noexcept { return spares_.node[--spares_.count]; }
   void recycle(block* b) noexcept
   {
-    if (spares_ < spare_count) spare_[spares_++] = b;
+    if (spares_.count < spare_count) spares_.node[spares_.count++] = b;
     else nodes_.recycle(b);
-  }
-
-  /// Splits `front` bytes off b's start (they stay free); returns the rest, still off the lists.
-  block* split_front(block* b, std::size_t front) noexcept
-  {
-    block* rest = take_spare();
-    *rest = block{.address = b->address + front, .size = b->size - front, .prev = b, .next = b->next, .band = b->band};
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = front;
-    insert_free(b);
-    return rest;
-  }
-
-  /// Keeps `size` bytes in b; the tail becomes a free block (its next neighbour is never free: merged).
-  void split_back(block* b, std::size_t size) noexcept
-  {
-    block* tail = take_spare();
-    *tail = block{.address = b->address + size, .size = b->size - size, .prev = b, .next = b->next, .band = b->band};
-    if (b->next != nullptr) b->next->prev = tail;
-    b->next = tail;
-    b->size = size;
-    insert_free(tail);
-  }
-
-  void absorb_next(block* b) noexcept
-  {
-    block* n = b->next;
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    recycle(n);
   }
 
   static std::size_t round_up(std::size_t n, std::size_t step) noexcept { return (n + step - 1) / step * step; }
@@ -347,16 +301,16 @@ private:
   {
     // The new chunk's map node is made now, so that nothing can fail once memory has moved.
     auto entry = chunks_.extract(chunks_.emplace(0, chunk_info{}).first);
-    if (opts_.return_free_chunks && idle_count_ > 0) {
-      retired_.reserve(idle_count_);
+    if (opts_.return_free_chunks && idle_.count > 0) {
+      retired_.reserve(idle_.count);
       retire_free_chunks(chunk_size_for(needed, band), retire_first);
     }
-    if (needed > opts_.max_reserved || reserved_ > opts_.max_reserved - needed) {
+    if (needed > opts_.max_reserved || held_.reserved > opts_.max_reserved - needed) {
       restore_retired();
       throw_oom(bytes);
     }
     std::size_t size = chunk_size_for(needed, band);
-    size = std::max(needed, std::min(size, (opts_.max_reserved - reserved_) / granule * granule));
+    size = std::max(needed, std::min(size, (opts_.max_reserved - held_.reserved) / granule * granule));
     void* p = nullptr;
     try {
       p = take_chunk(size, needed);
@@ -374,7 +328,7 @@ private:
     entry.mapped() = chunk_info{size, chunk_alignment(size), b};
     chunks_.insert(std::move(entry));
     insert_free(b);
-    reserved_ += size;
+    held_.reserved += size;
     grown_ = b;
     grown_from_series_ = band == large_band && needed <= opts_.max_chunk;
     if (grown_from_series_) {
@@ -389,11 +343,11 @@ private:
   void* take_chunk(std::size_t& size, std::size_t needed)
   {
     try {
-      return upstream_.allocate(size, chunk_alignment(size));
+      return chunks_.upstream().allocate(size, chunk_alignment(size));
     } catch (const out_of_memory&) {
       if (size == needed) throw;
     }
-    void* p = upstream_.allocate(needed, chunk_alignment(needed));
+    void* p = chunks_.upstream().allocate(needed, chunk_alignment(needed));
     size = needed;
     return p;
   }
@@ -404,12 +358,12 @@ private:
   void retire_free_chunks(std::size_t enough, block* first) noexcept
   {
     std::size_t retired = 0;
-    while (idle_head_ != nullptr && retired < enough) {
-      block* b = first != nullptr ? std::exchange(first, nullptr) : idle_head_;
+    while (idle_.head != nullptr && retired < enough) {
+      block* b = first != nullptr ? std::exchange(first, nullptr) : idle_.head;
       remove_free(b);
       auto entry = chunks_.extract(b->address);
-      upstream_.deallocate(reinterpret_cast<void*>(b->address), entry.mapped().size, entry.mapped().alignment);
-      reserved_ -= entry.mapped().size;
+      chunks_.upstream().deallocate(reinterpret_cast<void*>(b->address), entry.mapped().size, entry.mapped().alignment);
+      held_.reserved -= entry.mapped().size;
       retired += entry.mapped().size;
       retired_.push_back(std::move(entry));  // capacity reserved by the caller
     }
@@ -422,7 +376,7 @@ private:
       block* b = entry.mapped().first;
       void* p = nullptr;
       try {
-        p = upstream_.allocate(entry.mapped().size, entry.mapped().alignment);
+        p = chunks_.upstream().allocate(entry.mapped().size, entry.mapped().alignment);
       } catch (...) {
         recycle(b);  // the memory went elsewhere meanwhile: the chunk stays returned
         continue;
@@ -431,7 +385,7 @@ private:
       entry.key() = b->address;
       chunks_.insert(std::move(entry));
       insert_free(b);
-      reserved_ += b->size;
+      held_.reserved += b->size;
     }
     retired_.clear();
   }
@@ -455,66 +409,38 @@ private:
     const auto it = chunks_.find(b->address);
     const chunk_info chunk = it->second;
     chunks_.erase(it);
-    reserved_ -= chunk.size;
-    upstream_.deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
+    held_.reserved -= chunk.size;
+    chunks_.upstream().deallocate(reinterpret_cast<void*>(b->address), chunk.size, chunk.alignment);
     recycle(b);
     if (grown_from_series_) next_chunk_ = previous_next_chunk_;
     restore_retired();
   }
 
-  void return_everything() noexcept
-  {
-    for (const auto& [base, chunk] : chunks_) {
-      for (block* b = chunk.first; b != nullptr;) {
-        block* next = b->next;
-        nodes_.recycle(b);
-        b = next;
-      }
-      upstream_.deallocate(reinterpret_cast<void*>(base), chunk.size, chunk.alignment);
-    }
-    chunks_.clear();
-    used_.clear();
-    for (auto& lists : bands_) lists.clear();
-    idle_head_ = nullptr;
-    idle_count_ = 0;
-    reserved_ = in_use_ = 0;
-  }
+  struct idle_chunks {
+    block* head = nullptr;  // wholly free chunks, whichever band
+    std::size_t count = 0;
+  };
+  struct spare_nodes {
+    std::array<block*, spare_count> node{};  // made ahead, so no split can fail
+    unsigned count = 0;
+  };
+  struct held_bytes {
+    std::size_t reserved = 0;
+    std::size_t in_use = 0;
+  };
 
-  void take(coalescing_pool& other) noexcept
-  {
-    opts_ = other.opts_;
-    nodes_ = std::move(other.nodes_);
-    chunks_ = std::move(other.chunks_);
-    used_ = std::move(other.used_);
-    bands_ = other.bands_;
-    idle_head_ = std::exchange(other.idle_head_, nullptr);
-    idle_count_ = std::exchange(other.idle_count_, 0);
-    spare_ = other.spare_;
-    spares_ = std::exchange(other.spares_, 0);
-    reserved_ = std::exchange(other.reserved_, 0);
-    in_use_ = std::exchange(other.in_use_, 0);
-    next_chunk_ = other.next_chunk_;
-    other.chunks_.clear();
-    other.used_ = detail::pointer_map<block*>{};
-    for (auto& lists : other.bands_) lists.clear();
-  }
-
-  [[no_unique_address]] Upstream upstream_;
+  chunk_map chunks_;  // owns the upstream and the memory
   options opts_;
-  detail::object_pool<block> nodes_;
-  chunk_map chunks_;
+  detail::emptied_on_move<detail::object_pool<block>> nodes_;
   detail::pointer_map<block*> used_;
-  std::array<detail::tlsf_lists<block>, 2> bands_{};  // small and large requests, never mixed
-  block* idle_head_ = nullptr;                          // wholly free chunks, whichever band
-  std::size_t idle_count_ = 0;
-  std::array<block*, spare_count> spare_{};             // nodes made ahead, so no split can fail
-  unsigned spares_ = 0;
+  detail::emptied_on_move<std::array<detail::tlsf_lists<block>, 2>> bands_;  // small and large requests, never mixed
+  detail::emptied_on_move<idle_chunks> idle_;
+  detail::emptied_on_move<spare_nodes> spares_;
   std::vector<typename chunk_map::node_type> retired_;  // chunks handed back by the growth under way
   block* grown_ = nullptr;                              // the chunk the growth under way added
   bool grown_from_series_ = false;
   std::size_t previous_next_chunk_ = 0;
-  std::size_t reserved_ = 0;
-  std::size_t in_use_ = 0;
+  detail::emptied_on_move<held_bytes> held_;
   std::size_t next_chunk_ = 0;
 };
 

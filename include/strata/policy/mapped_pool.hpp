@@ -17,6 +17,7 @@
 #include <strata/core/properties.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/detail/address_range.hpp>
 #include <strata/detail/object_pool.hpp>
 #include <strata/detail/persistent_rate.hpp>
 #include <strata/detail/pointer_map.hpp>
@@ -294,15 +295,7 @@ private:
   static constexpr std::uint32_t stale_mapping = UINT32_MAX - 1;
   using page_handle = typename Backend::page;
 
-  struct block {
-    std::uintptr_t address = 0;
-    std::size_t size = 0;
-    block* prev = nullptr;
-    block* next = nullptr;
-    block* free_prev = nullptr;
-    block* free_next = nullptr;
-    bool free = false;
-  };
+  using block = detail::address_block;
 
   struct page_state {
     std::uint32_t live = 0;                ///< live blocks touching the page
@@ -389,11 +382,11 @@ private:
     }
     if (b == nullptr) throw_oom(bytes, "no free address range of that size left");
     const std::uintptr_t start = align_address(b->address, align);
-    block* front = start > b->address ? nodes_.make() : nullptr;
+    block* rest = start > b->address ? nodes_.make() : nullptr;
     block* tail = nullptr;
     try {
       if (start + size < b->address + b->size) tail = nodes_.make();
-      used_.insert(reinterpret_cast<void*>(start), b);
+      used_.insert(reinterpret_cast<void*>(start), rest != nullptr ? rest : b);
       try {
         hold_pages(bd, {page_of(bd, start), page_of(bd, start + size - 1), page_of(bd, b->address), page_of(bd, b->address + b->size - 1)},
                    bytes, in_use_ + size);
@@ -402,11 +395,11 @@ private:
         throw;
       }
     } catch (...) {
-      if (front != nullptr) nodes_.recycle(front);
+      if (rest != nullptr) nodes_.recycle(rest);
       if (tail != nullptr) nodes_.recycle(tail);
       throw;
     }
-    carve(bd, b, start, size, front, tail);
+    carve(bd, b, start, size, rest, tail);
     in_use_ += size;
     reclaims_.tick();  // allocations served: a failed one leaves the count as it was
     return reinterpret_cast<void*>(start);
@@ -428,37 +421,18 @@ private:
                                  [&](const block* b) { return unmapped_pages(bd, align_address(b->address, align), size); });
   }
 
-  /// Takes [start, start + size) out of free block b (already found to fit); the pieces before and after
-  /// become free blocks made from the nodes given. Cannot fail.
-  void carve(band& bd, block* b, std::uintptr_t start, std::size_t size, block* front, block* tail) noexcept
+  /// Takes [start, start + size) out of free block b (already found to fit) and returns it; the pieces
+  /// before and after stay free, `rest` and `tail` the nodes they need. Cannot fail.
+  block* carve(band& bd, block* b, std::uintptr_t start, std::size_t size, block* rest, block* tail) noexcept
   {
     bd.free.remove(b);
-    if (front != nullptr) {
-      *front = block{.address = b->address, .size = start - b->address, .prev = b->prev, .next = b, .free = true};
-      if (b->prev != nullptr) b->prev->next = front;
-      else bd.first = front;
-      b->prev = front;
-      b->size -= front->size;
-      b->address = start;
-      bd.free.insert(front);
-    }
-    if (tail != nullptr) {
-      *tail = block{.address = start + size, .size = b->size - size, .prev = b, .next = b->next, .free = true};
-      if (b->next != nullptr) b->next->prev = tail;
-      b->next = tail;
-      b->size = size;
-      bd.free.insert(tail);
-    }
-    b->free = false;
+    return detail::address_range::carve(b, start, size, rest, tail, [&](block* piece) { bd.free.insert(piece); });
   }
 
-  void absorb_next(block* b) noexcept
+  /// Marks b free and merges it with free neighbours: carve's twin.
+  void free_block(band& bd, block* b) noexcept
   {
-    block* n = b->next;
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    nodes_.recycle(n);
+    bd.free.insert(detail::address_range::merge_free(b, [&](block* n) { bd.free.remove(n); }, [this](block* n) { nodes_.recycle(n); }));
   }
 
   /// The pages a new block touches, [first, last], and the first and last pages of the free block it is cut
@@ -711,8 +685,8 @@ private:
     band& from = bands_[m.band];
     const std::size_t bytes = bytes_of(m);
     const std::uintptr_t old_address = address_of(from, m.first), new_address = address_of(to, at);
-    block* holder = free_block_over(from, old_address);  // no live block touches an idle allocation's pages
-    block* front = holder->address < old_address ? nodes_.make() : nullptr;
+    block* holder = detail::address_range::block_over(from.first, old_address);  // free: no live block touches idle pages
+    block* rest = holder->address < old_address ? nodes_.make() : nullptr;
     block* tail = nullptr;
     try {
       if (old_address + bytes < holder->address + holder->size) tail = nodes_.make();
@@ -730,11 +704,11 @@ private:
         throw;
       }
     } catch (...) {
-      if (front != nullptr) nodes_.recycle(front);
+      if (rest != nullptr) nodes_.recycle(rest);
       if (tail != nullptr) nodes_.recycle(tail);
       throw;
     }
-    carve(from, holder, old_address, bytes, front, tail);  // the holder: neither free nor live
+    holder = carve(from, holder, old_address, bytes, rest, tail);  // the holder: neither free nor live
     for (std::size_t p = m.first; p < m.first + m.count; ++p) from.pages[p].mapping = stale_mapping;
     stale_.push_back({.band = m.band, .first = m.first, .count = m.count, .holder = holder, .slot = slot});
     stale_bytes_ += bytes;
@@ -743,14 +717,6 @@ private:
     m.first = at;
     for (std::size_t p = at; p < at + m.count; ++p) to.pages[p].mapping = slot;
     ++relocations_;
-  }
-
-  /// The free block holding `address` (a walk of the band's blocks in address order).
-  static block* free_block_over(const band& bd, std::uintptr_t address) noexcept
-  {
-    block* b = bd.first;
-    while (b->address + b->size <= address) b = b->next;
-    return b;
   }
 
   /// Moves the relocations made since `stale_.size()` was `keep` back where they were (their new ranges were
@@ -826,23 +792,6 @@ private:
     --mappings_[g.slot].aliases;
     stale_bytes_ -= g.count * page_size();
     return true;
-  }
-
-  /// Marks b free and merges it with free neighbours.
-  void free_block(band& bd, block* b) noexcept
-  {
-    b->free = true;
-    if (b->next != nullptr && b->next->free) {
-      bd.free.remove(b->next);
-      absorb_next(b);
-    }
-    if (b->prev != nullptr && b->prev->free) {
-      block* prev = b->prev;
-      bd.free.remove(prev);
-      absorb_next(prev);
-      b = prev;
-    }
-    bd.free.insert(b);
   }
 
   void raise_high_water_after_reclaim() noexcept
@@ -1000,11 +949,7 @@ private:
       backend_.destroy(m.page);
     }
     for (band& bd : bands_) {
-      for (block* b = bd.first; b != nullptr;) {
-        block* next = b->next;
-        nodes_.recycle(b);
-        b = next;
-      }
+      detail::address_range::recycle_all(bd.first, [this](block* b) { nodes_.recycle(b); });
       if (bd.size != 0) backend_.unreserve(bd.base, bd.size);
       bd = band{};
     }

@@ -181,6 +181,32 @@ TEST_CASE("coalescing_pool: moves hand over the chunks")
   CHECK(upstream.outstanding_bytes() == 0);
 }
 
+TEST_CASE("coalescing_pool: a move assignment gives the assigned-to pool's chunks back; the moved-from pool is empty and usable")
+{
+  spy<simulated_source> first, second;
+  pool_over_spy a{ref(first)};
+  pool_over_spy b{ref(second)};
+  void* p = a.allocate(100);
+  void* q = b.allocate(5000, 4096);
+  a.deallocate(p, 100);
+  a = std::move(b);
+  CHECK(first.outstanding_bytes() == 0);
+  CHECK(a.owns(q));
+  CHECK(a.usage().in_use == b.good_size(5000));
+  CHECK(b.usage().reserved == 0);  // NOLINT(bugprone-use-after-move): specified empty
+  CHECK(b.usage().free_blocks == 0);
+  CHECK_FALSE(b.owns(q));
+  void* r = b.allocate(3000, 1024);  // usable: a chunk of its own from the same source
+  CHECK(b.owns(r));
+  CHECK(second.outstanding_bytes() == a.usage().reserved + b.usage().reserved);
+  b.deallocate(r, 3000);
+  a.deallocate(q, 5000);
+  CHECK(a.usage().in_use == 0);
+  a.release();
+  b.release();
+  CHECK(second.outstanding_bytes() == 0);
+}
+
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
