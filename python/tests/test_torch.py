@@ -24,19 +24,33 @@ class WithTorch(unittest.TestCase):
         self.assertIsNotNone(out, err)
         return out
 
-    def test_enable_serves_tensors_and_wires_hooks(self):
-        out = self.scenario(
-            "import json, strata_torch\nstrata_torch.enable('stack=default')\nimport torch\n"
+    def serve(self, backend):
+        return self.scenario(
+            f"import json, strata_torch\nstrata_torch.enable('stack=default', backend={backend!r})\nimport torch\n"
             "x = torch.ones(1 << 20, device='cuda'); y = (x * 3).sum().item()\n"
             "s = strata_torch.memory_stats()\n"
+            "seen = torch.cuda.memory_allocated() if strata_torch.backend() == 'strata' else None\n"
             "del x; torch.cuda.synchronize(); torch.cuda.empty_cache()\n"
             "after = strata_torch.memory_stats()\n"
             "print(json.dumps(dict(y=y, alloc=s['allocated_bytes.all.current'], after=after['allocated_bytes.all.current'],\n"
-            "     hooks=strata_torch.hooks(), enabled=strata_torch.is_enabled())))")
+            "     seen=seen, hooks=strata_torch.hooks(), enabled=strata_torch.is_enabled(), backend=strata_torch.backend())))")
+
+    def test_enable_installs_the_strata_backend(self):
+        out = self.serve("strata")
+        self.assertEqual(out["y"], 3.0 * (1 << 20))
+        self.assertGreaterEqual(out["alloc"], 4 << 20)
+        self.assertEqual(out["seen"], out["alloc"], "torch.cuda.memory_allocated() is strata's figure")
+        self.assertLess(out["after"], out["alloc"])
+        self.assertEqual(out["backend"], "strata")
+        self.assertEqual(out["hooks"], {})
+
+    def test_the_pluggable_path_serves_tensors_and_wires_hooks(self):
+        out = self.serve("pluggable")
         self.assertEqual(out["y"], 3.0 * (1 << 20))
         self.assertGreaterEqual(out["alloc"], 4 << 20)
         self.assertLess(out["after"], out["alloc"])
         self.assertTrue(out["enabled"])
+        self.assertEqual(out["backend"], "pluggable")
         for setter in ("set_reset_fn", "set_record_stream_fn", "set_begin_allocate_to_pool"):
             self.assertIn(setter, out["hooks"])
 
