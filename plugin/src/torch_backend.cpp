@@ -12,14 +12,16 @@
 // Locks: one mutex per device, taken before libstrata_alloc.so's own; frames are gathered before it (the
 // context recorder may take the GIL). A free finds its device by looking the pointer up in each device's table.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -55,6 +57,24 @@ static_assert(static_cast<std::size_t>(c10::CachingAllocator::StatType::NUM_TYPE
 
 constexpr char ipc_handle_version = 2;  // PyTorch 2.11's shareable handle: version, type, cudaIpcMemHandle_t
 constexpr char ipc_cuda_malloc = 'c';
+
+/// Bytes as PyTorch's messages write them ("20.00 MiB"). snprintf, not an ostream: where the toolchain links
+/// the C++ library statically into each shared object, a floating-point ostream insertion here may resolve to
+/// another object's copy, whose locale this one never set up.
+std::string bytes_text(std::size_t bytes)
+{
+  if (bytes < 1024) return std::to_string(bytes) + " bytes";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024.0;
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(units)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f %s", value, units[unit]);
+  return buf;
+}
 
 pool_id to_pool(c10::MempoolId_t id) { return {id.first, id.second}; }
 c10::MempoolId_t to_mempool(pool_id id) { return {id.first, id.second}; }
@@ -190,7 +210,7 @@ public:
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override
   {
-    TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "strata: memory fraction ", fraction, " is not in (0, 1]");
+    TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "strata: memory fraction ", std::to_string(fraction), " is not in (0, 1]");
     (void)view(device);
     (void)strata_last_error();
     strata_report_error("");
@@ -572,15 +592,23 @@ private:
         return reinterpret_cast<void*>(*revived);
       }
     void* p = nullptr;
+    std::string failure;
+    bool out_of_memory = false;
     try {
       p = strata_malloc_or_throw(size, device, stream);
     } catch (const std::bad_alloc&) {
-      const std::string strata_message = strata_last_error();
-      observe(v, device);
-      out_of_memory(v, std::move(lock), device, size, stream, strata_message);
+      out_of_memory = true;
+      failure = strata_last_error();
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "strata: allocating ", size, " bytes on device ", static_cast<int>(device), ": ", e.what());
+      failure = e.what();
     }
+    if (out_of_memory) {
+      observe(v, device);
+      const std::string message = out_of_memory_message(v, device, size, stream, failure);
+      lock.unlock();
+      throw_out_of_memory(device, v, message);
+    }
+    TORCH_CHECK(p != nullptr, "strata: allocating ", size, " bytes on device ", static_cast<int>(device), ": ", failure);
     try {
       v.blocks.insert(reinterpret_cast<std::uintptr_t>(p), {size, size, stream, pool, context});
     } catch (const std::exception& e) {
@@ -593,8 +621,10 @@ private:
     return p;
   }
 
-  [[noreturn]] void out_of_memory(device_view& v, std::unique_lock<std::mutex> lock, c10::DeviceIndex device, size_t size,
-                                  cudaStream_t stream, const std::string& strata_message)
+  /// PyTorch's kind of out-of-memory message with strata's figures; records the trace's oom entry. Device
+  /// lock held.
+  std::string out_of_memory_message(device_view& v, c10::DeviceIndex device, size_t size, cudaStream_t stream,
+                                    const std::string& strata_message)
   {
     size_t device_free = 0, device_total = 0;
     {
@@ -604,25 +634,33 @@ private:
     strata_device_figures f{};
     (void)strata_device_figures_get(device, &f);
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
-    const auto allocated = static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current);
-    lock.unlock();
+    oom_figures_ = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
+    std::string m = "CUDA out of memory. Tried to allocate " + bytes_text(size) + ". GPU " + std::to_string(device) +
+                    " has a total capacity of " + bytes_text(device_total) + " of which " + bytes_text(device_free) +
+                    " is free. Of the allocated memory " + bytes_text(oom_figures_[0]) + " is allocated by PyTorch, and " +
+                    bytes_text(f.reserved - std::min(f.reserved, f.in_use)) + " is reserved by strata but unallocated. " +
+                    "strata holds " + bytes_text(f.reserved) + " (largest free block " + bytes_text(f.largest_free) + ", " +
+                    bytes_text(f.held_bytes) + " held for other streams";
+    if (f.limit != SIZE_MAX) m += ", cap " + bytes_text(f.limit);
+    return m + "). strata: " + strata_message;
+  }
+
+  /// Calls the out-of-memory observers (without the device lock: they may take the GIL and snapshot), then
+  /// raises torch.OutOfMemoryError.
+  [[noreturn]] void throw_out_of_memory(c10::DeviceIndex device, device_view& v, const std::string& message)
+  {
+    std::array<size_t, 3> figures{};
+    {
+      std::lock_guard lock(v.mutex);
+      figures = oom_figures_;
+    }
     std::vector<alloc::OutOfMemoryObserver> observers;
     {
       std::lock_guard olock(observers_mutex_);
       observers = oom_observers_;
     }
-    for (const auto& o : observers) o(device, allocated, device_total, device_free);
-    std::ostringstream cap;
-    if (f.limit != SIZE_MAX) cap << ", cap " << c10::CachingAllocator::format_size(f.limit);
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", c10::CachingAllocator::format_size(size),
-                     ". GPU ", static_cast<int>(device), " has a total capacity of ", c10::CachingAllocator::format_size(device_total),
-                     " of which ", c10::CachingAllocator::format_size(device_free), " is free. Of the allocated memory ",
-                     c10::CachingAllocator::format_size(allocated), " is allocated by PyTorch, and ",
-                     c10::CachingAllocator::format_size(f.reserved - std::min(f.reserved, f.in_use)),
-                     " is reserved by strata but unallocated. strata holds ", c10::CachingAllocator::format_size(f.reserved),
-                     " (largest free block ", c10::CachingAllocator::format_size(f.largest_free), ", ",
-                     c10::CachingAllocator::format_size(f.held_bytes), " held for other streams", cap.str(),
-                     "). strata: ", strata_message);
+    for (const auto& o : observers) o(device, figures[0], figures[1], figures[2]);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
   }
 
   void record(device_view& v, int device, strata::plugin::trace_action action, void* address, size_t size, void* stream,
@@ -733,6 +771,7 @@ private:
   std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
   std::mutex observers_mutex_;
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
+  std::array<size_t, 3> oom_figures_{};  ///< allocated, device total, device free at the last out of memory
   std::vector<alloc::AllocatorTraceTracker> trackers_;
   std::atomic<bool> has_trackers_{false};
   std::mutex ipc_mutex_;
