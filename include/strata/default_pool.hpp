@@ -17,10 +17,10 @@ namespace strata {
 
 /// The recommended stack: stream-ordered reuse over page-mapped device memory. Blocks freed on a stream are
 /// reused at once by that stream and by others once its work is done; physical memory stands behind live
-/// blocks, and idle memory is kept only below the most the pool ever held, so the pool holds 1-4% more than
-/// the program's live peak on the traces the project replays (docs/memory.md), where PyTorch's caching
-/// allocator holds 10-47% more. It pays in driver calls when the live set outgrows what is mapped (a mapping
-/// ~45 µs, an unmapping ~30 µs): slower per operation than chunked pools while it grows, not once it is warm.
+/// blocks, and idle memory is kept only below the most the pool ever held, so the pool holds little more than
+/// the program's live peak (docs/memory.md compares it with PyTorch's caching allocator). It pays in driver
+/// calls when the live set outgrows what is mapped (each mapping and unmapping is a round trip through the
+/// driver): slower per operation than chunked pools while it grows, not once it is warm.
 /// Models stream_resource; device_accessible. Costs: see stream_ordered and mapped_pool.
 using default_pool = stream_ordered<mapped_pool<driver_pages>>;
 
@@ -31,7 +31,7 @@ struct default_pool_options {
   int device = -1;                     ///< -1: the current device
   double max_fraction = 1.0;           ///< hold at most this share of the device's memory...
   std::size_t max_physical = SIZE_MAX; ///< ...and at most this many bytes
-  std::vector<int> peers;              ///< other devices that may read and write the memory
+  std::vector<int> peers{};            ///< other devices that may read and write the memory
   CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_NONE;  ///< POSIX_FILE_DESCRIPTOR: blocks shareable through ipc/
   mapped_pool<driver_pages>::options pool{};  ///< max_physical here is replaced by the two caps above
   default_pool::options stream{};             ///< the stream layer's (stream_ordered's) options

@@ -242,9 +242,15 @@ inline std::string to_json(const std::vector<trace_plan>& plans, const std::vect
     const trace_plan& tp = plans[t];
     out += (t ? "," : "") + std::string("{\"trace\":") + json_string(tp.name) + ",\"operations\":" + std::to_string(tp.operations) +
            ",\"scale\":" + json_number(tp.scale) + ",\"capacity\":" + json_or_null(tp.capacity) + ",\"stacks\":[";
-    for (std::size_t s = 0; s < tp.stacks.size(); ++s) out += (s ? "," : "") + to_json(tp.stacks[s], tp.largest_request);
+    for (std::size_t s = 0; s < tp.stacks.size(); ++s) {
+      if (s) out += ',';
+      out += to_json(tp.stacks[s], tp.largest_request);
+    }
     out += "]";
-    if (t < extra.size() && !extra[t].empty()) out += "," + extra[t];
+    if (t < extra.size() && !extra[t].empty()) {
+      out += ',';
+      out += extra[t];
+    }
     out += "}";
   }
   return out + "]}\n";

@@ -53,7 +53,7 @@ public:
     /// How many freed addresses are remembered to tell a double free from a foreign pointer.
     std::size_t remembered_frees = std::size_t{1} << 16;
     /// Tells streams apart where the upstream cannot (default: strata::identify).
-    std::function<std::uint64_t(cuda::stream_ref)> stream_id;
+    std::function<std::uint64_t(cuda::stream_ref)> stream_id{};
     /// Called at destruction with a report when allocations are outstanding (default: written to stderr).
     std::function<void(const std::string&)> on_leaks = [](const std::string& report) { std::cerr << report; };
   };

@@ -90,8 +90,8 @@ public:
   struct options {
     target to = target::stream_device;
     int device = 0;                          ///< for target::fixed_device
-    std::optional<int> preferred_location;   ///< cudaMemAdviseSetPreferredLocation: a device, or -1 for the host
-    std::optional<int> accessed_by;          ///< cudaMemAdviseSetAccessedBy: a device that maps the pages
+    std::optional<int> preferred_location{}; ///< cudaMemAdviseSetPreferredLocation: a device, or -1 for the host
+    std::optional<int> accessed_by{};        ///< cudaMemAdviseSetAccessedBy: a device that maps the pages
     bool read_mostly = false;                ///< cudaMemAdviseSetReadMostly
   };
 

@@ -4,7 +4,7 @@
 #include <concepts>
 
 #include <strata/core/config.hpp>
-#include <strata/detail/cuda_check.hpp>
+#include <strata/core/cuda_check.hpp>
 
 namespace strata {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include <strata/core/config.hpp>
-#include <strata/detail/cuda_check.hpp>
+#include <strata/core/cuda_check.hpp>
 
 namespace strata {
 

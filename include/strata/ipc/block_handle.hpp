@@ -62,7 +62,7 @@ struct block_handle {
     put(out, static_cast<std::int32_t>(device));
     put(out, bytes);
     put(out, offset);
-    out.insert(out.end(), opaque.begin(), opaque.end());
+    put_bytes(out, opaque.data(), opaque.size());
     put(out, static_cast<std::uint32_t>(mapping_bytes.size()));
     for (const std::uint64_t m : mapping_bytes) put(out, m);
     return out;
@@ -108,11 +108,18 @@ private:
   static constexpr std::uint32_t magic = 0x53544248;  // "STBH"
   static constexpr std::uint32_t version = 1;
 
+  // Grown first, then copied into: inserting a byte range makes g++ 12 warn (-Wstringop-overflow,
+  // -Warray-bounds) about a copy whose size it cannot follow.
+  static void put_bytes(std::vector<std::byte>& out, const void* from, std::size_t n)
+  {
+    const std::size_t at = out.size();
+    out.resize(at + n);
+    if (n != 0) std::memcpy(out.data() + at, from, n);
+  }
   template <class T>
   static void put(std::vector<std::byte>& out, T value)
   {
-    const auto* p = reinterpret_cast<const std::byte*>(&value);
-    out.insert(out.end(), p, p + sizeof value);
+    put_bytes(out, &value, sizeof value);
   }
   template <class T>
   static T get(std::span<const std::byte> in, std::size_t& at)

@@ -6,6 +6,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+
+#include <strata/core/properties.hpp>
 
 namespace strata {
 
@@ -49,5 +52,26 @@ concept page_backend = std::movable<B> && requires(B& b, const B& cb, typename B
   b.synchronize();
   { cb.counts() } noexcept -> std::same_as<const page_counters&>;
 };
+
+namespace detail {
+
+/// The least a page backend can be (mapped_pool's claims are checked over it). Never maps anything.
+struct archetype_pages {
+  using page = unsigned long long;
+  std::size_t page_size() const noexcept { return std::size_t{2} << 20; }
+  std::uintptr_t reserve(std::size_t, std::size_t) { throw std::logic_error("archetype_pages reserves nothing"); }
+  void unreserve(std::uintptr_t, std::size_t) noexcept {}
+  page create(std::size_t) { throw std::logic_error("archetype_pages creates nothing"); }
+  void destroy(page) noexcept {}
+  void map(std::uintptr_t, page, std::size_t) {}
+  void set_access(std::uintptr_t, std::size_t) {}
+  void unmap(std::uintptr_t, std::size_t) {}
+  void synchronize() {}
+  const page_counters& counts() const noexcept { return counts_; }
+  friend constexpr void get_property(const archetype_pages&, device_accessible) noexcept {}
+  page_counters counts_;
+};
+
+} // namespace detail
 
 } // namespace strata
