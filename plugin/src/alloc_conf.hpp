@@ -48,27 +48,28 @@ struct alloc_conf {
   enum class peer_mode { none, all, list } peers = peer_mode::none;
   std::vector<int> peer_list;  ///< with peer_mode::list: the devices that may access each device's memory
   bool release_on_oom = true;  ///< on out-of-memory, release idle memory of the device and retry once
-  /// stream_ordered's owner_cover_window (owner_event_window=N, or =always: SIZE_MAX): after this many frees of
-  /// the main stream that no other stream needed, they carry no event (see plugin/src/strata_alloc.cpp).
-  std::size_t owner_event_window = 4096;
-  /// capture_check=announced (default): streams are asked whether they are being captured only while PyTorch
-  /// has announced a capture (begin_allocate_to_pool), as its own allocator does; =always: at every call (a
-  /// driver call each, for captures PyTorch does not know of).
-  bool capture_check_always = false;
+  /// stream_ordered's owner_cover_window (owner_cover_window=N, or =always: SIZE_MAX): after this many frees
+  /// of the main stream that no other stream needed, they carry no event (see plugin/src/strata_alloc.cpp).
+  std::size_t owner_cover_window = 4096;
+  /// stream_ordered's check_capture. false (default): streams are asked whether they are being captured only
+  /// while PyTorch has announced a capture (begin_allocate_to_pool), as its own allocator does; true: at every
+  /// call (a driver call each, for captures PyTorch does not know of).
+  bool check_capture = false;
   /// stack=default: what the page-mapped pool does when a new mapping would lift it past its high-water mark.
-  /// relocate (default): idle mappings elsewhere are mapped again where the memory is needed (no device wait;
-  /// what they cannot cover is reclaimed as with high_water); high_water: idle mappings go back after one
-  /// device-wide wait on the host (the least memory); never: only at the cap, empty_cache or out of memory.
-  enum class reclaim_mode { relocate, high_water, never };
-  reclaim_mode reclaim = reclaim_mode::relocate;
-  /// stack=default: reclaim_slack=F (a share of the live bytes, 0 to 1): idle mappings go back only once the
-  /// pool holds more than its live bytes by this share (mapped_pool's reclaim_slack_fraction). Each reclaim is
-  /// a device-wide wait on the host; some slack lets a training loop settle without one per step.
-  double reclaim_slack = 0.0;
-  /// stack=default: reclaim_headroom=F (0 to 1; mapped_pool's reclaim_headroom_fraction): after a reclaim that
-  /// kept the pool at its high-water mark, the mark rises by this share, so a training loop stops waiting for
-  /// the device at its peak every step.
-  double reclaim_headroom = 0.0;
+  /// relocate_idle (default; mapped_pool's relocate_idle): idle mappings elsewhere are mapped again where the
+  /// memory is needed (no device wait; what they cannot cover is reclaimed as with high_water); high_water:
+  /// idle mappings go back after one device-wide wait on the host (the least memory); never: only at the cap,
+  /// empty_cache or out of memory.
+  enum class reclaim_mode { relocate_idle, high_water, never };
+  reclaim_mode reclaim = reclaim_mode::relocate_idle;
+  /// stack=default: mapped_pool's reclaim_slack_fraction (a share of the live bytes, 0 to 1): idle mappings go
+  /// back only once the pool holds more than its live bytes by this share. Each reclaim is a device-wide wait
+  /// on the host; some slack lets a training loop settle without one per step.
+  double reclaim_slack_fraction = 0.0;
+  /// stack=default: mapped_pool's reclaim_headroom_fraction (0 to 1): after a reclaim that kept the pool at its
+  /// high-water mark, the mark rises by this share, so a training loop stops waiting for the device at its
+  /// peak every step.
+  double reclaim_headroom_fraction = 0.0;
   // stack=simulated only: the pretend devices.
   std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
   std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
@@ -177,8 +178,27 @@ inline double parse_share(std::string_view key, std::string_view value, std::str
   return *f;
 }
 
+/// Keys spelled before they followed the library's option names: refused, naming the new spelling.
+inline void refuse_renamed(std::string_view key, std::string_view value)
+{
+  struct renamed {
+    std::string_view old_key, new_spelling;
+  };
+  constexpr renamed table[] = {{"owner_event_window", "owner_cover_window (stream_ordered's option)"},
+                               {"capture_check", "check_capture=true|false (stream_ordered's option; always is true)"},
+                               {"reclaim_slack", "reclaim_slack_fraction (mapped_pool's option)"},
+                               {"reclaim_headroom", "reclaim_headroom_fraction (mapped_pool's option)"}};
+  for (const renamed& r : table)
+    if (key == r.old_key)
+      throw conf_error("STRATA_ALLOC_CONF: '" + std::string(key) + "' (in " + std::string(key) + "=" + std::string(value) +
+                       ") is now spelled " + std::string(r.new_spelling));
+  if (key == "reclaim" && value == "relocate")
+    throw conf_error("STRATA_ALLOC_CONF: reclaim=relocate is now spelled reclaim=relocate_idle (mapped_pool's option)");
+}
+
 inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
 {
+  refuse_renamed(key, value);
   if (key == "stack") {
     if (value == "default") c.stack = stack_kind::default_pool;
     else if (value == "coalescing") c.stack = stack_kind::coalescing;
@@ -194,27 +214,25 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     parse_peers(c, key, value);
   } else if (key == "release_on_oom") {
     c.release_on_oom = parse_bool(key, value);
-  } else if (key == "owner_event_window") {
+  } else if (key == "owner_cover_window") {
     if (value == "always") {
-      c.owner_event_window = SIZE_MAX;
+      c.owner_cover_window = SIZE_MAX;
     } else {
       const auto n = parse_uint(value);
       if (!n || *n < 1) refuse(key, value, "expected always or a positive number of frees (e.g. 4096)");
-      c.owner_event_window = static_cast<std::size_t>(*n);
+      c.owner_cover_window = static_cast<std::size_t>(*n);
     }
-  } else if (key == "capture_check") {
-    if (value == "always") c.capture_check_always = true;
-    else if (value == "announced") c.capture_check_always = false;
-    else refuse(key, value, "expected announced or always");
+  } else if (key == "check_capture") {
+    c.check_capture = parse_bool(key, value);
   } else if (key == "reclaim") {
     if (value == "never") c.reclaim = alloc_conf::reclaim_mode::never;
     else if (value == "high_water") c.reclaim = alloc_conf::reclaim_mode::high_water;
-    else if (value == "relocate") c.reclaim = alloc_conf::reclaim_mode::relocate;
-    else refuse(key, value, "expected relocate, high_water or never");
-  } else if (key == "reclaim_slack") {
-    c.reclaim_slack = parse_share(key, value, "of the live bytes from 0 to 1 (e.g. 0.02)");
-  } else if (key == "reclaim_headroom") {
-    c.reclaim_headroom = parse_share(key, value, "of the high-water mark from 0 to 1 (e.g. 0.0625)");
+    else if (value == "relocate_idle") c.reclaim = alloc_conf::reclaim_mode::relocate_idle;
+    else refuse(key, value, "expected relocate_idle, high_water or never");
+  } else if (key == "reclaim_slack_fraction") {
+    c.reclaim_slack_fraction = parse_share(key, value, "of the live bytes from 0 to 1 (e.g. 0.02)");
+  } else if (key == "reclaim_headroom_fraction") {
+    c.reclaim_headroom_fraction = parse_share(key, value, "of the high-water mark from 0 to 1 (e.g. 0.0625)");
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
@@ -228,8 +246,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
   } else {
     throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
                      std::string(value) +
-                     "); the keys are stack, limit, record, peers, release_on_oom, owner_event_window, capture_check, "
-                     "reclaim, reclaim_slack, reclaim_headroom, sim_capacity, sim_page, sim_devices");
+                     "); the keys are stack, limit, record, peers, release_on_oom, owner_cover_window, check_capture, "
+                     "reclaim, reclaim_slack_fraction, reclaim_headroom_fraction, sim_capacity, sim_page, sim_devices");
   }
 }
 

@@ -35,17 +35,17 @@ constexpr int max_devices = 64;
 
 /// stream_ordered's options for every stack. PyTorch's side streams (a data loader's copy stream with
 /// record_stream) mostly reuse their own frees, yet their presence made every free of the main stream record
-/// an event (bench/torch_loop_sim.cpp: 0.98 per free): past owner_event_window main-stream frees (default
+/// an event (bench/torch_loop_sim.cpp: 0.98 per free): past owner_cover_window main-stream frees (default
 /// 4096) that no other stream needed, frees carry no event, and the next stream to need them waits for the
 /// device once. PyTorch announces its captures (begin_allocate_to_pool, which also makes every earlier free
 /// safe), and events stay on while a capture may be under way; streams are asked about capture only then
-/// (capture_check=announced), not at every call.
+/// (check_capture=false), not at every call.
 template <class Stack>
 typename Stack::options stream_options(const alloc_conf& c)
 {
   typename Stack::options o;
-  o.owner_cover_window = c.owner_event_window;
-  o.check_capture = c.capture_check_always;
+  o.owner_cover_window = c.owner_cover_window;
+  o.check_capture = c.check_capture;
   return o;
 }
 
@@ -209,9 +209,9 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.peers = peers_for(c, device);
     o.stream = stream_options<default_pool>(c);
     if (c.reclaim == alloc_conf::reclaim_mode::never) o.pool.reclaim_slack = SIZE_MAX;
-    o.pool.relocate_idle = c.reclaim == alloc_conf::reclaim_mode::relocate;
-    o.pool.reclaim_slack_fraction = c.reclaim_slack;
-    o.pool.reclaim_headroom_fraction = c.reclaim_headroom;
+    o.pool.relocate_idle = c.reclaim == alloc_conf::reclaim_mode::relocate_idle;
+    o.pool.reclaim_slack_fraction = c.reclaim_slack_fraction;
+    o.pool.reclaim_headroom_fraction = c.reclaim_headroom_fraction;
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 
 #include "alloc_conf.hpp"
 
@@ -174,44 +175,59 @@ TEST_CASE("alloc_conf: each refusal is a conf_error, a std::invalid_argument")
   CHECK_THROWS_AS(parse_alloc_conf("limit=7"), std::invalid_argument);
 }
 
-TEST_CASE("alloc_conf: owner_event_window")
+TEST_CASE("alloc_conf: owner_cover_window")
 {
-  CHECK(parse_alloc_conf("").owner_event_window == 4096);
-  CHECK(parse_alloc_conf("owner_event_window=always").owner_event_window == SIZE_MAX);
-  CHECK(parse_alloc_conf("owner_event_window=100").owner_event_window == 100);
-  for (const char* bad : {"owner_event_window=0", "owner_event_window=never", "owner_event_window=-3", "owner_event_window=1.5"}) {
+  CHECK(parse_alloc_conf("").owner_cover_window == 4096);
+  CHECK(parse_alloc_conf("owner_cover_window=always").owner_cover_window == SIZE_MAX);
+  CHECK(parse_alloc_conf("owner_cover_window=100").owner_cover_window == 100);
+  for (const char* bad : {"owner_cover_window=0", "owner_cover_window=never", "owner_cover_window=-3", "owner_cover_window=1.5"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("owner_event_window"), conf_error);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("owner_cover_window"), conf_error);
   }
 }
 
-TEST_CASE("alloc_conf: capture_check")
+TEST_CASE("alloc_conf: check_capture")
 {
-  CHECK_FALSE(parse_alloc_conf("").capture_check_always);
-  CHECK(parse_alloc_conf("capture_check=always").capture_check_always);
-  for (const char* bad : {"capture_check=", "capture_check=never", "capture_check=1"}) {
+  CHECK_FALSE(parse_alloc_conf("").check_capture);
+  CHECK(parse_alloc_conf("check_capture=true").check_capture);
+  CHECK_FALSE(parse_alloc_conf("check_capture=false").check_capture);
+  for (const char* bad : {"check_capture=", "check_capture=never", "check_capture=always"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("capture_check"), conf_error);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(bad), doctest::Contains("check_capture"), conf_error);
   }
 }
 
 TEST_CASE("alloc_conf: reclaim")
 {
   using mode = alloc_conf::reclaim_mode;
-  CHECK(parse_alloc_conf("").reclaim == mode::relocate);
+  CHECK(parse_alloc_conf("").reclaim == mode::relocate_idle);
   CHECK(parse_alloc_conf("reclaim=never").reclaim == mode::never);
   CHECK(parse_alloc_conf("reclaim=high_water").reclaim == mode::high_water);
-  CHECK(parse_alloc_conf("reclaim=relocate").reclaim == mode::relocate);
-  CHECK_THROWS_WITH_AS(parse_alloc_conf("reclaim=sometimes"), doctest::Contains("reclaim"), conf_error);
+  CHECK(parse_alloc_conf("reclaim=relocate_idle").reclaim == mode::relocate_idle);
+  CHECK_THROWS_WITH_AS(parse_alloc_conf("reclaim=sometimes"), doctest::Contains("relocate_idle"), conf_error);
 }
 
-TEST_CASE("alloc_conf: the share keys reclaim_slack and reclaim_headroom")
+TEST_CASE("alloc_conf: keys spelled before the library's option names are refused, naming the new spelling")
+{
+  const std::pair<const char*, const char*> renamed[] = {{"owner_event_window=100", "owner_cover_window"},
+                                                         {"capture_check=always", "check_capture=true"},
+                                                         {"reclaim=relocate", "reclaim=relocate_idle"},
+                                                         {"reclaim_slack=0.02", "reclaim_slack_fraction"},
+                                                         {"reclaim_headroom=0.0625", "reclaim_headroom_fraction"}};
+  for (const auto& [old_entry, new_spelling] : renamed) {
+    CAPTURE(old_entry);
+    CHECK_THROWS_WITH_AS(parse_alloc_conf(std::string("stack=default,") + old_entry), doctest::Contains(new_spelling), conf_error);
+  }
+}
+
+TEST_CASE("alloc_conf: the share keys reclaim_slack_fraction and reclaim_headroom_fraction")
 {
   struct share_key {
     const char* key;
     double alloc_conf::*field;
   };
-  for (const share_key k : {share_key{"reclaim_slack", &alloc_conf::reclaim_slack}, share_key{"reclaim_headroom", &alloc_conf::reclaim_headroom}}) {
+  for (const share_key k : {share_key{"reclaim_slack_fraction", &alloc_conf::reclaim_slack_fraction},
+                            share_key{"reclaim_headroom_fraction", &alloc_conf::reclaim_headroom_fraction}}) {
     CAPTURE(k.key);
     const std::string key = k.key;
     CHECK(parse_alloc_conf("").*k.field == 0.0);

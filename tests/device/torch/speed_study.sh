@@ -15,8 +15,8 @@ OUT=${OUT:-/tmp/strata-speed-study}
 mkdir -p "$OUT"
 PARTS=${PARTS:-alloc_cost,train}
 MODELS=${MODELS:-gpt2 gpt2_varlen resnet18}
-CONFS=${CONFS:-stack=default stack=default,reclaim_headroom=0.0625 stack=default,reclaim=never stack=coalescing}
-ALLOC_CONFS=${ALLOC_CONFS:-stack=default stack=default,capture_check=always stack=default,owner_event_window=always stack=default,capture_check=always,owner_event_window=always stack=coalescing}
+CONFS=${CONFS:-stack=default stack=default,reclaim_headroom_fraction=0.0625 stack=default,reclaim=never stack=coalescing}
+ALLOC_CONFS=${ALLOC_CONFS:-stack=default stack=default,check_capture=true stack=default,owner_cover_window=always stack=default,check_capture=true,owner_cover_window=always stack=coalescing}
 source tests/device/torch/build_plugin.sh
 strata_build_plugin "$OUT/build.txt" || { echo "the plug-in did not build (see $OUT/build.txt)"; exit 1; }
 if [[ ",$PARTS," == *,alloc_cost,* ]]; then
