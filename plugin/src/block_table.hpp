@@ -167,6 +167,16 @@ public:
     return address;
   }
 
+  /// After strata ran out of memory: a parked block of exactly `size` in a pool marked use_on_oom (setUseOnOOM)
+  /// made live again in that pool; nullopt when none has one.
+  std::optional<std::uintptr_t> revive_on_oom(std::size_t size, std::size_t requested, void* stream, Context context = {})
+  {
+    for (auto& [id, p] : pools_)
+      if (p.use_on_oom)
+        if (auto address = revive(id, size, requested, stream, context)) return address;
+    return std::nullopt;
+  }
+
   /// checkPoolLiveAllocations: the pool's live blocks are exactly `expected`.
   bool pool_live_matches(pool_id id, const std::unordered_set<void*>& expected) const
   {

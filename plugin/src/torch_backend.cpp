@@ -143,6 +143,7 @@ public:
   {
     // strata's release covers every device and every pool's idle memory; a private pool's parked blocks stay
     // (its graphs replay at their addresses) until the pool is released, as in PyTorch's allocator.
+    strata_report_error("");  // the thread's last message may be an older call's
     strata_reset();
     check_no_error("emptyCache");
   }
@@ -603,6 +604,13 @@ private:
       failure = e.what();
     }
     if (out_of_memory) {
+      if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
+        const pool_id owner = v.blocks.find(*revived)->pool;
+        v.stats.on_allocate(size, size);
+        observe(v, device);
+        record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
+        return reinterpret_cast<void*>(*revived);
+      }
       observe(v, device);
       const std::string message = out_of_memory_message(v, device, size, stream, failure);
       lock.unlock();

@@ -94,6 +94,28 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   CHECK(!late->second);  // the pool is released: straight back to strata
 }
 
+TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom pool, which keeps it")
+{
+  table t;
+  t.create_or_incref(graph);
+  t.create_or_incref(user);
+  t.insert(0x1000, in(graph, 4096));
+  t.insert(0x2000, in(user, 4096));
+  (void)t.erase(0x1000);
+  (void)t.erase(0x2000);
+  t.set_use_on_oom(user, true);
+  const auto taken = t.revive_on_oom(4096, 4000, nullptr, "oom");
+  REQUIRE(taken);
+  CHECK(*taken == 0x2000);  // the use_on_oom pool's, not the graph's
+  CHECK(t.find(0x2000)->pool == user);
+  CHECK(t.find(0x2000)->context == "oom");
+  CHECK(!t.revive_on_oom(4096, 4096, nullptr));  // the graph pool's block is not offered
+  CHECK(t.parked(0x1000));
+  const auto freed = t.erase(0x2000);
+  REQUIRE(freed);
+  CHECK(freed->second);  // parked back in its pool
+}
+
 TEST_CASE("block_table: checkPoolLiveAllocations compares the pool's live blocks with PyTorch's set")
 {
   table t;
