@@ -116,10 +116,16 @@ struct device_view {
   strata::plugin::block_table<context_ptr> blocks;
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
+  std::array<std::size_t, 3> oom_figures{};  ///< allocated, device total, device free at the last out of memory
 };
 
 void local_raw_delete(void* ptr);
 
+/// strata as PyTorch's process-wide CUDA allocator. Models: c10::cuda::CUDACachingAllocator::CUDAAllocator
+/// (every member of PyTorch 2.11's interface; what strata cannot honour throws a c10::Error naming it).
+/// Cost: an allocation or free is libstrata_alloc.so's call plus the device's lock, a hash-map update and one
+/// more plug-in call for the figures (no CUDA call of its own); recording history adds PyTorch's frame
+/// gathering; out of memory adds a cudaMemGetInfo. Thread-safe: one mutex per device.
 class strata_backend final : public alloc::CUDAAllocator {
 public:
   // ---- c10::Allocator ------------------------------------------------------------------------------------
@@ -642,10 +648,10 @@ private:
     strata_device_figures f{};
     (void)strata_device_figures_get(device, &f);
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
-    oom_figures_ = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
+    v.oom_figures = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
     std::string m = "CUDA out of memory. Tried to allocate " + bytes_text(size) + ". GPU " + std::to_string(device) +
                     " has a total capacity of " + bytes_text(device_total) + " of which " + bytes_text(device_free) +
-                    " is free. Of the allocated memory " + bytes_text(oom_figures_[0]) + " is allocated by PyTorch, and " +
+                    " is free. Of the allocated memory " + bytes_text(v.oom_figures[0]) + " is allocated by PyTorch, and " +
                     bytes_text(f.reserved - std::min(f.reserved, f.in_use)) + " is reserved by strata but unallocated. " +
                     "strata holds " + bytes_text(f.reserved) + " (largest free block " + bytes_text(f.largest_free) + ", " +
                     bytes_text(f.held_bytes) + " held for other streams";
@@ -660,7 +666,7 @@ private:
     std::array<size_t, 3> figures{};
     {
       std::lock_guard lock(v.mutex);
-      figures = oom_figures_;
+      figures = v.oom_figures;
     }
     std::vector<alloc::OutOfMemoryObserver> observers;
     {
@@ -779,7 +785,6 @@ private:
   std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
   std::mutex observers_mutex_;
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
-  std::array<size_t, 3> oom_figures_{};  ///< allocated, device total, device free at the last out of memory
   std::vector<alloc::AllocatorTraceTracker> trackers_;
   std::atomic<bool> has_trackers_{false};
   std::mutex ipc_mutex_;
