@@ -161,8 +161,7 @@ def _backend_installer(required):
                                "(CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path, see docs/pytorch.md), or pass "
                                "backend='pluggable'")
         return None
-    if hasattr(install, "restype"):
-        install.restype, install.argtypes = ctypes.c_int, []
+    install.restype, install.argtypes = ctypes.c_int, []
     _hooks_library.append(hooks_lib)   # kept loaded: PyTorch holds the allocator it made
     return install
 
@@ -298,7 +297,8 @@ def oom_raises_torch_error():
 
 
 def hooks():
-    """{PyTorch setter: plug-in symbol} for every optional hook handed to PyTorch (empty before use)."""
+    """{PyTorch setter: plug-in symbol} for every optional hook handed to PyTorch on the pluggable path (empty
+    before use, and under strata's backend, which needs none)."""
     return dict(_wired)
 
 
