@@ -219,8 +219,7 @@ public:
   {
     TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "strata: memory fraction ", std::to_string(fraction), " is not in (0, 1]");
     (void)view(device);
-    (void)strata_last_error();
-    strata_report_error("");
+    strata_report_error("");  // so that only this call's message is read below
     strata_set_memory_fraction(fraction, device);
     const std::string message = strata_last_error();
     if (!message.empty()) TORCH_WARN(message);
