@@ -3,6 +3,7 @@
 #   bash tests/device/torch.sh            # builds the plug-in with CMake, uses it via STRATA_ALLOC_LIBRARY
 #   STRATA_PY_INSTALL=pip bash tests/device/torch.sh   # instead: pip install --no-build-isolation --no-deps .
 #   ONLY=unit,correctness,perf bash tests/device/torch.sh   # a subset of unit,correctness,perf,oom,examples,memcheck
+#   ONLY=frameworks bash tests/device/torch.sh               # the frameworks suite (not in the default set)
 # The whole set may take longer than one 10-minute device call (the build comes on top): then run it
 # as two calls, ONLY=unit,correctness,perf then ONLY=oom,examples,memcheck (the build tree is reused).
 # Parts not started within BUDGET_S seconds (default 400) are reported as SKIP "(not run)", never silently.
@@ -34,11 +35,15 @@ if [[ -z "${ONLY:-}" || ",$ONLY," == *,unit,* ]]; then
     || { echo "FAIL python unit tests"; tail -40 "$OUT/log.txt.unit"; unit_failed=1; }
 fi
 rest=${ONLY:-correctness,perf,oom,examples,memcheck}
-rest=$(echo ",$rest," | sed 's/,unit,/,/; s/^,//; s/,$//')
+rest=$(echo ",$rest," | sed 's/,unit,/,/; s/,frameworks,/,/; s/^,//; s/,$//')
 rc=0
 if [[ -n "$rest" ]]; then
   python3 tests/device/torch/run_all.py --out "$OUT" --only "$rest"
   rc=$?
+fi
+# strata's PyTorch backend under the torch.cuda memory API and real frameworks (tests/device/frameworks/).
+if [[ ",${ONLY:-}," == *,frameworks,* ]]; then
+  python3 tests/device/frameworks/run_all.py --out "$OUT/frameworks" || rc=1
 fi
 cat "$OUT/log.txt.unit" >>"$OUT/log.txt" 2>/dev/null; rm -f "$OUT/log.txt.unit"
 exit $(( rc || ${unit_failed:-0} ))
