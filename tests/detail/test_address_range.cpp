@@ -161,3 +161,23 @@ TEST_CASE("address_range: random carves and frees keep the list contiguous and f
   CHECK(carved > 1000);
   CHECK(freed > 1000);
 }
+
+TEST_CASE("block_range: carve and release file the free pieces by size and give merged nodes back")
+{
+  strata::detail::object_pool<address_block> nodes;
+  strata::detail::block_range r;
+  r.first = nodes.make(address_block{.address = 0, .size = 1 << 20, .free = true});
+  r.free.insert(r.first);
+  address_block* b = r.first;
+  address_block* mid = r.carve(b, 4096, 8192, nodes.make(), nodes.make());
+  CHECK(r.first == b);
+  CHECK(r.free.count() == 2);
+  CHECK(r.free.find(4096, 16) == b);
+  CHECK(r.free.find(8192, 16)->address == 4096 + 8192);
+  CHECK(r.free.largest() == (1 << 20) - 4096 - 8192);
+  const std::size_t spare = nodes.free_count();
+  r.release(mid, nodes);
+  CHECK(r.free.count() == 1);
+  CHECK(r.first->size == 1 << 20);
+  CHECK(nodes.free_count() == spare + 2);  // the middle and the tail merged into the first
+}

@@ -29,22 +29,11 @@
 
 namespace strata {
 
-/// The general-purpose pool: two-level segregated fit (TLSF). Free blocks are filed in 32 lists per power of
-/// two, found through two levels of bitmaps and find-first-set, so allocate and free are O(1) whatever the
-/// number of free blocks. A block is split to the request (rounded to 256 bytes); a freed block merges with
-/// its free address neighbours inside its chunk at once. Block headers live in host memory (never in the
-/// memory handed out).
-///
-/// Built to hold no more than it must. Small requests (up to `small_limit`) are carved from small
-/// chunks of their own, since small live blocks scattered through large free ranges pin them. A search looks
-/// first through (at most `exact_fit_scan` blocks of) the request's own list, so a free block of exactly the
-/// requested size is used rather than growing beside it. Before the pool grows it hands wholly free chunks
-/// back to the upstream, as many as the new chunk holds, and a wholly free chunk far larger than a request
-/// is handed back rather than carved. New chunks are sized to the need: small chunks all of `small_chunk`;
-/// large ones grow geometrically from `initial_chunk` up to `max_chunk`, and a larger request gets a chunk
-/// of its own size; every size rounded up to `chunk_granularity`, by default the 2 MiB that cudaMalloc takes
-/// for any request that large anyway. When the upstream refuses a chunk, the smallest chunk that fits is
-/// tried before giving up. release() returns every wholly free chunk.
+/// The general-purpose pool: two-level segregated fit (TLSF) over chunks taken from the upstream
+/// (docs/architecture.md, "The coalescing pool"). Free blocks are filed by size in TLSF lists
+/// (detail/tlsf_lists.hpp), split to the request (rounded to 256 bytes) and merged with their free neighbours
+/// inside their chunk at once (detail/address_range.hpp). Small requests are carved from small chunks of
+/// their own; before growing, the pool hands wholly free chunks back. Block headers live in host memory.
 ///
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
 /// Any power-of-two alignment up to max(max_chunk, 1 GiB). Cost: O(1) allocate and free (bit scans, a scan
