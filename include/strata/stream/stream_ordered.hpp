@@ -1387,6 +1387,9 @@ private:
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
     if (!for_host && &s == owner_ && events_pending_ == 0 && cached_blocks_ == 0 && deferred_.empty())
       return grow_policy(sh);
+    // An alignment the policy cannot honour is refused before any cached block goes back (allocate(0, a)
+    // checks the alignment and does nothing else), so that the refused call changes nothing.
+    (void)policy_.allocate(0, sh.align);
     if (events_pending_ > 0) {  // other streams keep their blocks until the policy would grow (see the class comment)
       reap_owner();
       reap(s);
