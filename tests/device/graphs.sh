@@ -3,7 +3,7 @@
 #   tests/device/graphs.sh          (from the repository root; needs nvcc, g++ and a GPU)
 # Builds with nvcc/g++ directly (no CMake): the GPU tests tests/gpu/test_graphs.cu (doctest filter
 # 'graphs:*', the same cases strata_gpu_tests runs with -tc='graphs:*'), and the host tests of the private
-# pools (test_graph_pools.cpp, test_detail_graph_pools.cpp); then the GPU tests once more under
+# pools (tests/detail/test_graph_router.cpp, tests/detail/test_graph_pools.cpp); then the GPU tests once more under
 # compute-sanitizer memcheck when it is installed. Prints "graphs <part>: PASS" or "FAIL" per part and
 # exits 0 only when every part passed. doctest comes from the system or from .device/doctest.
 set -u
@@ -26,7 +26,7 @@ nvcc -std=c++20 -O2 -arch=sm_90 "${inc[@]}" tests/gpu/main.cu tests/gpu/test_gra
   > "$OUT/build_gpu.log" 2>&1
 rc=$?; report build-gpu $rc
 g++ -std=c++20 -O1 "${inc[@]}" -I/usr/local/cuda/include/cccl -isystem /usr/local/cuda/include tests/support/main.cpp \
-  tests/test_graph_pools.cpp tests/test_detail_graph_pools.cpp -o "$bin/host_graphs" -L/usr/local/cuda/lib64 -lcudart \
+  tests/detail/test_graph_router.cpp tests/detail/test_graph_pools.cpp -o "$bin/host_graphs" -L/usr/local/cuda/lib64 -lcudart \
   -Wl,-rpath,/usr/local/cuda/lib64 -pthread > "$OUT/build_host.log" 2>&1
 report build-host $?
 

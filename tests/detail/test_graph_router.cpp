@@ -736,7 +736,7 @@ concept routes_to_pools = requires(L& l) { l.begin_allocate_to_pool(std::uint64_
 static_assert(graph_backend<simulated_events>);
 } // namespace
 
-TEST_CASE("graph pools need a graph_backend: without one, capture is refused as before and nothing is faked")
+TEST_CASE("graph pools need a graph_backend: without one, capture is refused and nothing is faked")
 {
   simulated_streams world;
   stream_ordered<coalescing_pool<simulated_source>, plain_backend> layer{coalescing_pool<simulated_source>{simulated_source(64 << 20)}, {},

@@ -1,0 +1,83 @@
+// detail::stream_cache: each stream's free blocks, binned by shape and ordered by age, with the totals.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <strata/detail/stream_cache.hpp>
+#include <strata/stream/simulated_streams.hpp>
+
+using namespace strata;
+
+namespace {
+
+using cache_t = detail::stream_cache<simulated_events::event>;
+
+detail::block_shape shape(std::size_t bytes) { return {bytes, bytes, 256, (std::uint64_t{bytes} << 6) | 8}; }
+void* at(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+} // namespace
+
+TEST_CASE("stream_cache: a stream takes back its newest block of a shape; the totals follow every block")
+{
+  cache_t cache;
+  int devices_asked = 0;
+  const auto device_of = [&] { return ++devices_asked, 0; };
+  auto [s, added] = cache.find_or_add(11, cuda::stream_ref{cudaStreamLegacy}, device_of);
+  CHECK(added);
+  cache.file(*s, at(0x1000), shape(512));
+  cache.file(*s, at(0x2000), shape(512));
+  cache.file(*s, at(0x3000), shape(1024));
+  CHECK(cache.blocks() == 3);
+  CHECK(cache.bytes() == 2048);
+  detail::cached_block* n = s->take(shape(512).key);
+  REQUIRE(n != nullptr);
+  CHECK(n->p == at(0x2000));  // newest first
+  CHECK(cache.release(n).p == at(0x2000));
+  CHECK(cache.blocks() == 2);
+  CHECK(cache.bytes() == 1536);
+  CHECK(s->take(shape(256).key) == nullptr);
+  CHECK(s->oldest->p == at(0x1000));  // the age list keeps the order events cover blocks in
+  const auto again = cache.find_or_add(11, cuda::stream_ref{cudaStreamLegacy}, device_of);
+  CHECK_FALSE(again.second);
+  CHECK(devices_asked == 1);
+  cache.clear();
+  CHECK(cache.blocks() == 0);
+  CHECK(cache.no_streams());
+}
+
+TEST_CASE("stream_cache: a stream wants an event past the batch size or twice what it held at its last event")
+{
+  cache_t cache;
+  auto* s = cache.find_or_add(1, cuda::stream_ref{cudaStreamLegacy}, [] { return 0; }).first;
+  for (std::uintptr_t i = 1; i <= 3; ++i) cache.file(*s, at(i << 12), shape(256));
+  CHECK_FALSE(s->wants_event(4, 1 << 20));
+  cache.file(*s, at(4 << 12), shape(256));
+  CHECK(s->wants_event(4, 1 << 20));
+  s->mark_covered();
+  CHECK(s->uncovered_blocks == 0);
+  for (std::uintptr_t i = 5; i <= 11; ++i) cache.file(*s, at(i << 12), shape(256));
+  CHECK_FALSE(s->wants_event(4, 1 << 20));  // 7 uncovered, fewer than twice the 4 held at the last event
+  cache.file(*s, at(12 << 12), shape(256));
+  CHECK(s->wants_event(4, 1 << 20));
+  cache.clear();
+}
+
+TEST_CASE("stream_cache: empty streams are forgotten but the kept one and the owner; a move leaves the cache empty")
+{
+  cache_t cache;
+  auto* a = cache.find_or_add(1, cuda::stream_ref{cudaStreamLegacy}, [] { return 0; }).first;
+  auto* b = cache.find_or_add(2, cuda::stream_ref{cudaStreamLegacy}, [] { return 1; }).first;
+  cache.find_or_add(3, cuda::stream_ref{cudaStreamLegacy}, [] { return 1; });
+  cache.file(*b, at(0x1000), shape(256));
+  CHECK(cache.streams() == 3);
+  CHECK(cache.devices().size() == 2);
+  cache.forget_empty(*a, nullptr);
+  CHECK(cache.streams() == 2);  // a kept, b holds a block, 3 forgotten
+  cache_t moved(std::move(cache));
+  CHECK(cache.no_streams());
+  CHECK(cache.blocks() == 0);
+  CHECK(moved.blocks() == 1);
+  CHECK(moved.find_or_add(2, cuda::stream_ref{cudaStreamLegacy}, [] { return 1; }).first == b);
+  moved.clear();
+}
