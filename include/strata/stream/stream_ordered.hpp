@@ -67,14 +67,14 @@ public:
     std::size_t frees_per_event = 8;
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
-    /// Ask at every allocate and free whether the stream is being captured (see the class comment). Off: ask
+    /// Ask at every allocate and free whether the stream is being captured (docs/architecture.md). Off: ask
     /// only while a capture may be under way (a route is open, or a capture was seen and not yet known
     /// ended), as PyTorch's caching allocator does; then a capture must be announced with
     /// begin_allocate_to_pool before it allocates or frees through this layer (PyTorch's torch.cuda.graph
     /// does; the plug-in's default), else its allocations are served as if uncaptured.
     bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
-    /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see the class).
+    /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see docs/architecture.md).
     /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
     /// while another stream needed them within this many of the owner's frees; past it they carry none, and
     /// the next stream to need them makes one device-wide wait instead of a cudaStreamWaitEvent (then the
@@ -170,7 +170,7 @@ public:
     return allocate_on(shape_of(bytes, alignment), legacy, id, /*for_host=*/true);
   }
 
-  /// Safe for any prior work on any stream, as cudaFree is: set aside until a device-wide wait (class comment).
+  /// Safe for any prior work on any stream, as cudaFree is: set aside until a device-wide wait (docs/architecture.md).
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept
   {
     if (p == nullptr) return;
@@ -922,7 +922,7 @@ private:
     // An alignment the policy cannot honour is refused before any cached block goes back (allocate(0, a)
     // checks the alignment and does nothing else), so that the refused call changes nothing.
     (void)m_.policy.allocate(0, sh.align);
-    if (m_.ledger.pending() > 0) {  // other streams keep their blocks until the policy would grow (see the class comment)
+    if (m_.ledger.pending() > 0) {  // other streams keep their blocks until the policy would grow (docs/architecture.md)
       reap_owner();
       reap(s);
       forget_empty_streams(s);
