@@ -36,8 +36,9 @@ TEST_CASE("arena: bump, LIFO roll-back, reset and release")
     CHECK(upstream.allocations() == 1);
     a.deallocate(y, 1000);  // the top block: rolled back
     CHECK(a.allocate(1000) == y);
-    a.deallocate(x, 1000);  // not the top: only counted
-    CHECK(a.usage().in_use == 2048);
+    a.deallocate(x, 1000);  // not the top: counted free, reusable only after reset()
+    CHECK(a.usage().in_use == 1024);
+    CHECK(a.usage().largest_free == (1 << 16) - 2048);
     CHECK(a.usage().used_blocks == 1);
 
     // A request too large for the current chunk moves on to a new, larger chunk.

@@ -41,8 +41,8 @@ public:
   struct mark {
     std::size_t chunk;
     std::size_t offset;
-    std::size_t consumed_before;
     std::size_t blocks;
+    std::size_t live_bytes;
   };
 
   explicit arena(Upstream upstream = Upstream{}) : arena(std::move(upstream), options{}) {}
@@ -55,7 +55,8 @@ public:
   arena(arena&& other) noexcept
       : upstream_(std::move(other.upstream_)), opts_(other.opts_), chunks_(std::exchange(other.chunks_, {})),
         current_(std::exchange(other.current_, 0)), offset_(std::exchange(other.offset_, 0)),
-        consumed_before_(std::exchange(other.consumed_before_, 0)), blocks_(std::exchange(other.blocks_, 0)),
+        blocks_(std::exchange(other.blocks_, 0)),
+        live_bytes_(std::exchange(other.live_bytes_, 0)),
         next_chunk_(other.next_chunk_)
   {}
   arena& operator=(arena&& other) noexcept
@@ -67,8 +68,8 @@ public:
       chunks_ = std::exchange(other.chunks_, {});
       current_ = std::exchange(other.current_, 0);
       offset_ = std::exchange(other.offset_, 0);
-      consumed_before_ = std::exchange(other.consumed_before_, 0);
       blocks_ = std::exchange(other.blocks_, 0);
+      live_bytes_ = std::exchange(other.live_bytes_, 0);
       next_chunk_ = other.next_chunk_;
     }
     return *this;
@@ -100,6 +101,7 @@ public:
   {
     if (p == nullptr) return;
     --blocks_;
+    live_bytes_ -= align_up(bytes, default_alignment);
     if (current_ >= chunks_.size()) return;
     const auto start = reinterpret_cast<std::uintptr_t>(p);
     const chunk_info& c = chunks_[current_];
@@ -111,19 +113,19 @@ public:
   {
     current_ = 0;
     offset_ = 0;
-    consumed_before_ = 0;
     blocks_ = 0;
+    live_bytes_ = 0;
   }
 
-  mark checkpoint() const noexcept { return {current_, offset_, consumed_before_, blocks_}; }
+  mark checkpoint() const noexcept { return {current_, offset_, blocks_, live_bytes_}; }
 
   /// Back to `m` (taken since the last reset): blocks allocated after it are gone.
   void rewind(const mark& m) noexcept
   {
     current_ = m.chunk;
     offset_ = m.offset;
-    consumed_before_ = m.consumed_before;
     blocks_ = m.blocks;
+    live_bytes_ = m.live_bytes;
   }
 
   /// Returns every chunk to the upstream (implies reset()).
@@ -178,14 +180,10 @@ private:
 
   void* commit(std::size_t chunk, std::uintptr_t start, std::size_t size) noexcept
   {
-    if (chunk != current_) {
-      // Chunks passed over count as consumed whole: their tails wait for reset().
-      consumed_before_ = 0;
-      for (std::size_t i = 0; i < chunk; ++i) consumed_before_ += chunks_[i].size;
-    }
     current_ = chunk;
     offset_ = start + size - chunks_[chunk].base;
     ++blocks_;
+    live_bytes_ += size;
     return reinterpret_cast<void*>(start);
   }
 
@@ -223,7 +221,9 @@ private:
     return total;
   }
 
-  std::size_t in_use() const noexcept { return current_ < chunks_.size() ? consumed_before_ + offset_ : consumed_before_; }
+  /// The live blocks' bytes: what frees that cannot roll the bump pointer back leave behind is free memory
+  /// (not reusable until reset), so in_use is the sum of the live blocks' sizes, as in every policy.
+  std::size_t in_use() const noexcept { return live_bytes_; }
 
   void release_chunks() noexcept
   {
@@ -236,8 +236,8 @@ private:
   std::vector<chunk_info> chunks_;
   std::size_t current_ = 0;
   std::size_t offset_ = 0;
-  std::size_t consumed_before_ = 0;  ///< bytes of the chunks before current_ (passed over whole)
   std::size_t blocks_ = 0;
+  std::size_t live_bytes_ = 0;  ///< the live blocks' sizes, rounded to 256 bytes
   std::size_t next_chunk_;
 };
 

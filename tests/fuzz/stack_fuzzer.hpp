@@ -1,0 +1,382 @@
+#pragma once
+// The differential fuzzer's engine: drives one stack with a random sequence of allocations, frees, moves,
+// releases and refusals, and checks after every step what every box promises (docs/architecture.md, "Rules
+// every box keeps"):
+// - no two live blocks overlap, every pointer is aligned to max(alignment, 256), allocate(0) is null;
+// - in_use equals the sum of good_size over the live blocks, and never exceeds reserved;
+// - a call that throws changes neither in_use nor reserved nor what the upstream holds;
+// - a bad alignment is std::invalid_argument (never out_of_memory, never a pointer);
+// - release() with nothing live hands everything back to the upstream;
+// - a move leaves the moved-from box empty and usable, a move assignment returns the assigned-to box's memory;
+// - the upstream never sees a foreign, double or wrongly sized free.
+// Every choice comes from an `entropy`: a seeded generator, or the bytes of a libFuzzer input.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <new>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <strata/core/alignment.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/source/simulated_devices.hpp>
+#include <strata/stream/simulated_streams.hpp>
+
+#include "fuzz/adversarial_source.hpp"
+
+namespace strata::testing {
+
+struct fuzz_config {
+  std::uint64_t seed = 1;
+  std::size_t operations = 10'000;
+  std::span<const std::uint8_t> input{};       ///< libFuzzer's bytes: when given, they drive every choice
+  std::size_t capacity = 0;                      ///< what the upstream lets be live at once (0: drawn, 64 MiB .. 4 GiB)
+  std::size_t max_live = 48;
+};
+
+struct fuzz_report {
+  std::string stack;
+  std::uint64_t seed = 0;
+  std::size_t operations = 0, allocations = 0, frees = 0, refusals = 0, bad_alignments = 0, zero_sized = 0;
+  std::size_t moves = 0, drains = 0, injected_refusals = 0, retries = 0;
+  std::vector<std::string> violations;  // the first few; empty when every check held
+  bool ok() const noexcept { return violations.empty(); }
+  std::string summary() const;
+};
+
+/// The source of every choice: a seeded generator, or a byte string that ends.
+class entropy {
+public:
+  explicit entropy(std::uint64_t seed) : rng_(seed) {}
+  explicit entropy(std::span<const std::uint8_t> input) : input_(input), from_input_(true) {}
+  std::uint64_t next() noexcept
+  {
+    if (!from_input_) return rng_();
+    std::uint64_t v = 0;
+    for (int k = 0; k < 4 && used_ < input_.size(); ++k) v = v << 8 | input_[used_++];
+    return v * 0x9E3779B97F4A7C15ull;
+  }
+  std::uint64_t below(std::uint64_t n) noexcept { return n == 0 ? 0 : next() % n; }
+  bool chance(unsigned percent) noexcept { return below(100) < percent; }
+  bool exhausted() const noexcept { return from_input_ && used_ >= input_.size(); }
+
+private:
+  std::mt19937_64 rng_{};
+  std::span<const std::uint8_t> input_{};
+  std::size_t used_ = 0;
+  bool from_input_ = false;
+};
+
+/// What a stack built for the fuzzer may call back into: retry_on_oom's callback frees a live block through
+/// the stack itself, as a program that drops a cache would.
+struct fuzz_hooks {
+  std::function<bool(std::size_t bytes)> on_oom = [](std::size_t) { return false; };
+};
+
+/// The world a factory builds a stack in.
+struct fuzz_world {
+  adversarial_source& upstream;
+  simulated_streams& streams;
+  simulated_devices& devices;  ///< two pretend devices, for per_device; the fuzzer switches the current one
+  fuzz_hooks& hooks;
+};
+
+namespace fuzz_detail {
+
+template <class S>
+concept reports_usage = requires(const S& s) { s.usage(); };
+template <class S>
+concept reports_good_size = requires(const S& s, std::size_t n) { { s.good_size(n, n) } -> std::convertible_to<std::size_t>; };
+template <class S>
+concept can_release = requires(S& s) { s.release(); };
+template <class S>
+concept stream_ordered_calls = requires(S& s, void* p, std::size_t n, cuda::stream_ref st) {
+  s.allocate_async(n, n, st);
+  s.deallocate_async(p, n, n, st);
+};
+
+struct live {
+  std::size_t bytes, alignment, good;
+  cuda::stream_ref stream;
+  bool on_stream;
+};
+
+} // namespace fuzz_detail
+
+/// Runs `cfg.operations` random steps (or until the input ends) on the stack `make(world)` builds.
+/// A refused call changes no figure but two documented ones, which may only fall: a mapped_pool hands idle
+/// mappings back to the device before it refuses (as release() would), and stream_ordered returns the blocks
+/// its streams have freed to the policy before the policy is asked (a policy may hand free memory back as it
+/// takes them). So in those stacks reserved and the upstream's holding may fall on a refused call, never rise;
+/// in_use never moves.
+template <class Stack, class Make>
+fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
+{
+  const bool refusal_hands_back_idle = name.find("mapped_pool") != std::string::npos || name.find("stream_ordered") != std::string::npos;
+  using namespace fuzz_detail;
+  fuzz_report report{.stack = std::move(name), .seed = cfg.seed};
+  entropy rnd = cfg.input.empty() ? entropy(cfg.seed) : entropy(cfg.input);
+  const std::size_t capacity = cfg.capacity != 0 ? cfg.capacity : rnd.chance(50) ? std::size_t{4} << 30 : std::size_t{64} << (20 + rnd.below(4));
+  adversarial_source upstream(capacity);
+  simulated_streams world;
+  simulated_devices devices(2);
+  fuzz_hooks hooks;
+  fuzz_world w{upstream, world, devices, hooks};
+
+  std::optional<Stack> slot_a, slot_b;
+  slot_a.emplace(make(w));
+  Stack* stack = &*slot_a;
+  std::map<std::uintptr_t, live> blocks;
+  std::vector<cuda::stream_ref> streams{world.create(), world.create(), world.create()};
+  bool in_callback_free = false;
+  std::size_t callback_freed = 0;
+
+  auto fail = [&](const std::string& what) {
+    if (report.violations.size() < 8)
+      report.violations.push_back("step " + std::to_string(report.operations) + ": " + what);
+  };
+  auto good_size_of = [&](std::size_t bytes, std::size_t alignment) -> std::size_t {
+    if constexpr (reports_good_size<Stack>) return stack->good_size(bytes, alignment);
+    else return align_up(bytes, default_alignment);  // what a box without good_size promises to count
+  };
+  auto held = [&] { return upstream.live_bytes(); };
+  auto free_block = [&](std::map<std::uintptr_t, live>::iterator it) {
+    void* p = reinterpret_cast<void*>(it->first);
+    const live b = it->second;
+    blocks.erase(it);
+    if constexpr (stream_ordered_calls<Stack>) {
+      if (b.on_stream) {
+        world.launch(b.stream);  // the block's last use, queued before its free
+        stack->deallocate_async(p, b.bytes, b.alignment, b.stream);
+        return;
+      }
+    }
+    stack->deallocate(p, b.bytes, b.alignment);
+  };
+  hooks.on_oom = [&](std::size_t) {
+    if (blocks.empty()) return false;
+    auto it = blocks.begin();
+    std::advance(it, static_cast<long>(rnd.below(blocks.size())));
+    in_callback_free = true;
+    free_block(it);
+    in_callback_free = false;
+    ++callback_freed;
+    ++report.retries;
+    return true;
+  };
+
+  auto check_accounts = [&] {
+    if (upstream.bad_frees() != 0) fail(std::to_string(upstream.bad_frees()) + " frees the upstream never handed out (double, foreign or wrong size)");
+    if constexpr (reports_usage<Stack>) {
+      const auto u = stack->usage();
+      if (u.in_use > u.reserved) fail("in_use " + std::to_string(u.in_use) + " above reserved " + std::to_string(u.reserved));
+      {
+        std::size_t sum = 0;
+        for (const auto& [a, b] : blocks) sum += b.good;
+        if (u.in_use != sum) fail("in_use " + std::to_string(u.in_use) + " but the live blocks' good sizes add up to " + std::to_string(sum));
+      }
+    }
+  };
+
+  auto pick_size = [&]() -> std::size_t {
+    const auto r = rnd.below(100);
+    if (r < 3) return 0;
+    if (r < 5) {
+      switch (rnd.below(4)) {
+      case 0: return SIZE_MAX;
+      case 1: return SIZE_MAX - 255;
+      case 2: return capacity + 1;
+      default: return capacity - rnd.below(capacity / 2);
+      }
+    }
+    const unsigned log = static_cast<unsigned>(rnd.below(30));  // 1 B .. 512 MiB, log-uniform
+    return (std::size_t{1} << log) + rnd.below(std::size_t{1} << log);
+  };
+  auto pick_alignment = [&]() -> std::size_t {
+    const auto r = rnd.below(100);
+    if (r < 70) return std::size_t{256} << rnd.below(4);         // 256 B .. 2 KiB
+    if (r < 80) return std::size_t{1} << rnd.below(8);           // 1 .. 128
+    if (r < 95) return std::size_t{1} << (8 + rnd.below(24));    // 256 B .. 2 GiB
+    const std::size_t odd[] = {0, 3, 384, 1000, (std::size_t{1} << 20) + 256};
+    return odd[rnd.below(5)];
+  };
+
+  auto allocate_once = [&] {
+    const std::size_t bytes = pick_size(), alignment = pick_alignment();
+    const bool bad_alignment = !is_power_of_two(alignment);
+    const bool on_stream = stream_ordered_calls<Stack> && rnd.chance(70);
+    const cuda::stream_ref s = streams[rnd.below(streams.size())];
+    if (rnd.chance(3)) {
+      upstream.refuse_next(1);
+      ++report.injected_refusals;
+    }
+    std::optional<strata::usage> before;
+    if constexpr (reports_usage<Stack>) before = stack->usage();
+    const std::size_t held_before = held();
+    callback_freed = 0;
+    void* p = nullptr;
+    const auto described = [&] { return "allocate(" + std::to_string(bytes) + ", " + std::to_string(alignment) + ")"; };
+    auto unchanged = [&](const char* how) {
+      if (callback_freed != 0) return;  // the callback freed blocks: the figures moved by design
+      if (held() != held_before && !(refusal_hands_back_idle && held() < held_before))
+        fail(described() + " " + how + " but the upstream's holding moved from " + std::to_string(held_before) + " to " + std::to_string(held()));
+      if constexpr (reports_usage<Stack>) {
+        const auto after = stack->usage();
+        const bool reserved_kept = after.reserved == before->reserved || (refusal_hands_back_idle && after.reserved < before->reserved);
+        if (after.in_use != before->in_use || !reserved_kept)
+          fail(described() + " " + how + " but in_use/reserved moved from " + std::to_string(before->in_use) + "/" +
+               std::to_string(before->reserved) + " to " + std::to_string(after.in_use) + "/" + std::to_string(after.reserved));
+      }
+    };
+    try {
+      if constexpr (stream_ordered_calls<Stack>) p = on_stream ? stack->allocate_async(bytes, alignment, s) : stack->allocate(bytes, alignment);
+      else p = stack->allocate(bytes, alignment);
+    } catch (const std::invalid_argument&) {
+      upstream.refuse_nothing();
+      ++report.bad_alignments;
+      if (!bad_alignment && alignment <= default_alignment) fail(described() + " threw invalid_argument for an alignment every box honours");
+      unchanged("threw invalid_argument");
+      return;
+    } catch (const std::bad_alloc&) {
+      upstream.refuse_nothing();
+      ++report.refusals;
+      if (bad_alignment && bytes != 0) fail(described() + ": an alignment that is not a power of two reported as out of memory");
+      if (alignment > (std::size_t{1} << 30) && bytes <= (std::size_t{1} << 20))
+        fail(described() + ": an alignment no box honours reported as out of memory");
+      unchanged("threw out_of_memory");
+      return;
+    } catch (const std::exception& e) {
+      upstream.refuse_nothing();
+      fail(described() + " threw " + e.what());
+      return;
+    }
+    upstream.refuse_nothing();
+    if (bytes == 0) {
+      ++report.zero_sized;
+      if (p != nullptr) fail(described() + " returned a pointer");
+      return;
+    }
+    if (bad_alignment) fail(described() + " accepted an alignment that is not a power of two");
+    if (p == nullptr) return fail(described() + " returned null");
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    if (a % effective_alignment(alignment) != 0) fail(described() + " returned a misaligned " + std::to_string(a));
+    auto next = blocks.lower_bound(a);
+    if (next != blocks.end() && next->first < a + bytes) fail(described() + " overlaps a live block of " + std::to_string(next->second.bytes) + " bytes");
+    if (next != blocks.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a)
+      fail(described() + " lies inside a live block of " + std::to_string(std::prev(next)->second.bytes) + " bytes");
+    blocks[a] = live{bytes, alignment, good_size_of(bytes, alignment), s, on_stream};
+    ++report.allocations;
+  };
+
+  auto drain = [&] {
+    while (!blocks.empty()) free_block(blocks.begin());
+    ++report.drains;
+    if constexpr (can_release<Stack>) {
+      world.finish_all();
+      stack->release();
+      if (held() != 0) fail("release() with nothing live left " + std::to_string(held()) + " bytes at the upstream");
+      if constexpr (reports_usage<Stack>) {
+        const auto u = stack->usage();
+        if (u.reserved != 0 || u.in_use != 0) fail("release() with nothing live left reserved/in_use " + std::to_string(u.reserved) + "/" + std::to_string(u.in_use));
+      }
+    }
+  };
+
+  auto move_around = [&] {
+    if constexpr (std::is_move_constructible_v<Stack>) {
+      std::optional<Stack>& from = stack == &*slot_a ? slot_a : slot_b;
+      std::optional<Stack>& to = stack == &*slot_a ? slot_b : slot_a;
+      const std::size_t held_before = held();
+      if constexpr (std::is_move_assignable_v<Stack>) {
+        if (rnd.chance(50)) {
+          // Assign over a box that holds memory of its own: that memory must go back.
+          to.emplace(make(w));
+          try {
+            (void)to->allocate(4096);
+          } catch (const std::bad_alloc&) {
+          }
+          *to = std::move(*from);
+          if (held() != held_before) fail("a move assignment kept the assigned-to box's memory: upstream holds " + std::to_string(held()) + ", was " + std::to_string(held_before));
+        } else {
+          to.emplace(std::move(*from));
+        }
+      } else {
+        to.emplace(std::move(*from));
+      }
+      if (held() != held_before) fail("a move changed what the upstream holds");
+      stack = &*to;
+      if constexpr (reports_usage<Stack>) {
+        if (from->usage().reserved != 0 || from->usage().in_use != 0) fail("a moved-from box reports memory");
+      }
+      from.reset();
+      ++report.moves;
+    }
+  };
+
+  for (; cfg.input.empty() ? report.operations < cfg.operations : !rnd.exhausted(); ++report.operations) {
+    const auto r = rnd.below(1000);
+    if (r < 2) drain();
+    else if (r < 4) move_around();
+    else if (r < 6) devices.make_current(static_cast<int>(rnd.below(2)));
+    else if (r < 30) {
+      if constexpr (stream_ordered_calls<Stack>) {
+        if (r < 15) world.finish(streams[rnd.below(streams.size())]);
+        else if (r < 18) world.finish_all();
+        else world.launch(streams[rnd.below(streams.size())]);
+      }
+    } else if (blocks.size() < cfg.max_live && (blocks.empty() || rnd.chance(55))) {
+      allocate_once();
+    } else if (!blocks.empty()) {
+      auto it = blocks.begin();
+      std::advance(it, static_cast<long>(rnd.below(blocks.size())));
+      free_block(it);
+      ++report.frees;
+    }
+    check_accounts();
+    if (!report.violations.empty()) break;
+  }
+  if (report.ok()) drain();
+  if (report.ok()) check_accounts();
+  stack = nullptr;
+  slot_a.reset();
+  slot_b.reset();
+  if (report.ok() && held() != 0) fail("the stack's destruction left " + std::to_string(held()) + " bytes at the upstream");
+  (void)in_callback_free;
+  return report;
+}
+
+inline std::string fuzz_report::summary() const
+{
+  std::string s = stack + " seed " + std::to_string(seed) + ": " + std::to_string(operations) + " steps, " +
+                  std::to_string(allocations) + " allocations, " + std::to_string(frees) + " frees, " +
+                  std::to_string(refusals) + " refusals, " + std::to_string(bad_alignments) + " bad alignments, " +
+                  std::to_string(moves) + " moves, " + std::to_string(drains) + " drains";
+  for (const auto& v : violations) s += "\n  " + v;
+  return s;
+}
+
+/// Every stack the fuzzer knows, registered by the stacks_*.cpp files.
+struct fuzz_target {
+  std::string name;
+  std::function<fuzz_report(const fuzz_config&)> run;
+};
+std::vector<fuzz_target>& fuzz_targets();
+
+/// Registers `Stack` built by `make` under `name`.
+template <class Stack, class Make>
+bool register_stack(std::string name, Make make)
+{
+  fuzz_targets().push_back({name, [name, make](const fuzz_config& cfg) { return fuzz_stack<Stack>(name, make, cfg); }});
+  return true;
+}
+
+} // namespace strata::testing
