@@ -6,12 +6,19 @@ the ResNet); every step draws its own shape (sequence length, image size) from a
 allocator sees new sizes each step, as in real training. A trial trains `--steps` steps at W in a fresh process
 under the cap and fits if no step runs out of memory. Per allocator, W doubles from `--start` until a trial
 fails, then bisection narrows the largest W that fits to `--resolution` (a share of W). The three allocators
-bisect at the same time, each process under its own cap.
+bisect at the same time, each process under its own cap; `--parallel-models` runs every model's searches at once
+too (a card with room for 3 x models x cap). Past `--budget` seconds no trial starts: a search cut short reports
+its bracket (fits at lo, fails at hi, or not found) and the table marks it.
+
+Why the cap binds where it does: each fitting trial records its peak reserved and peak allocated bytes, each
+failing one the allocator's out-of-memory message (bytes live, bytes asked for, what the allocator held); the
+table quotes peak reserved / peak allocated at each allocator's largest fit.
 
 Caps: PyTorch's allocators by torch.cuda.set_per_process_memory_fraction(cap / device memory); strata by its
 configuration's limit=CAP (bytes held from CUDA and bytes in use, fixed when its stack is built).
 
     python3 bench/fits.py --cap-gib 8 --out OUT [--models gpt2_varlen,llama_varlen,bert_varlen,resnet18_varsize]
+                          [--parallel-models] [--budget SECONDS] [--start model=W,...]
 Writes OUT/fits.json (every trial) and OUT/fits.md (the table), and prints the table.
 """
 
@@ -125,21 +132,33 @@ def run_trial(model, allocator, work, a, log):
     return fits
 
 
-def largest(model, allocator, a, log):
-    """The largest work that fits: doubling from --start, then bisection to --resolution."""
-    lo, hi, w = 0, None, a.start
+class OutOfTime(Exception):
+    def __init__(self, lo, hi):
+        super().__init__(f"budget spent: fits at {lo}, " + (f"fails at {hi}" if hi else "no failure seen yet"))
+        self.lo, self.hi = lo, hi
+
+
+def largest(model, allocator, a, log, granule, start):
+    """The largest work that fits: doubling from the start, then bisection to --resolution."""
+    lo, hi, w = 0, None, start
+
+    def attempt(work):
+        if time.time() > a.deadline:
+            raise OutOfTime(lo, hi)
+        return run_trial(model, allocator, work, a, log)
+
     while hi is None:
-        if run_trial(model, allocator, w, a, log):
+        if attempt(w):
             lo, w = w, w * 2
         else:
             hi = w
-        if w > a.start * 4096:
+        if w > start * 4096:
             raise RuntimeError(f"{model}/{allocator}: still fits at {lo}; raise the cap or lower --start")
-    while hi - lo > max(a.granule, int(lo * a.resolution)):
-        mid = (lo + hi) // 2 // a.granule * a.granule
+    while hi - lo > max(granule, int(lo * a.resolution)):
+        mid = (lo + hi) // 2 // granule * granule
         if mid <= lo:
             break
-        if run_trial(model, allocator, mid, a, log):
+        if attempt(mid):
             lo = mid
         else:
             hi = mid
@@ -158,19 +177,34 @@ def main():
     ap.add_argument("--allocators", default=",".join(ALLOCATORS))
     ap.add_argument("--resolution", type=float, default=0.02, help="stop when the bracket is this share of W")
     ap.add_argument("--trial-timeout", type=int, default=300)
+    ap.add_argument("--parallel-models", action="store_true", help="search every model at once")
+    ap.add_argument("--budget", type=float, default=float("inf"), help="start no trial after this many seconds")
+    ap.add_argument("--start", default="", help="model=W,...: where doubling starts (default 2048 tokens, 8 images)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     if a.trial:
         return trial(a)
     os.makedirs(a.out, exist_ok=True)
+    a.deadline = time.time() + a.budget
+    starts = {}
+    for item in filter(None, a.start.split(",")):
+        name, _, value = item.partition("=")
+        if name not in MODELS or not value.isdigit() or int(value) <= 0:
+            raise SystemExit(f"--start: {item!r} is not model=W with a known model ({', '.join(MODELS)}) and W > 0")
+        starts[name] = int(value)
     log, results = [], {}
-    for model in a.models.split(","):
-        a.granule, a.start = (1, 8) if model.startswith("resnet") else (256, 2048)
-        found, errors = {}, {}
 
-        def search(alloc, model=model, found=found, errors=errors):
+    def search_model(model):
+        granule, start = (1, 8) if model.startswith("resnet") else (64, 2048)
+        start = starts.get(model, start)
+        found, errors, brackets = {}, {}, {}
+
+        def search(alloc):
             try:
-                found[alloc] = largest(model, alloc, a, log)
+                found[alloc] = largest(model, alloc, a, log, granule, start)
+            except OutOfTime as e:   # reported as a bracket, never as a result
+                brackets[alloc] = [e.lo, e.hi]
+                errors[alloc] = str(e)
             except Exception as e:   # reported in the table, never silently dropped
                 errors[alloc] = str(e)
 
@@ -179,22 +213,52 @@ def main():
             t.start()
         for t in threads:
             t.join()
-        results[model] = {"largest": found, "errors": errors}
+        results[model] = {"largest": found, "errors": errors, "brackets": brackets}
         print(f"{model}: {found} {errors or ''}", flush=True)
+
+    models = a.models.split(",")
+    if a.parallel_models:
+        threads = [threading.Thread(target=search_model, args=(m,)) for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results = {m: results[m] for m in models}
+    else:
+        for m in models:
+            search_model(m)
+
+    def peak_ratio(model, alloc, work):
+        for t in log:
+            if t["model"] == model and t["allocator"] == alloc and t["work"] == work and t["fits"]:
+                figures = json.loads(t["detail"].split(" ", 1)[1])
+                return figures["peak_reserved"] / max(1, figures["peak_allocated"])
+        return None
+
     unit = {m: ("images" if m.startswith("resnet") else "tokens") for m in results}
     lines = [f"Largest work per step that trains under a {a.cap_gib:g} GiB cap ({a.steps} steps, shapes drawn per step; "
-             f"bisection to {a.resolution:.0%})", "",
+             f"bisection to {a.resolution:.0%}); in brackets, peak reserved / peak allocated at that work", "",
              "| model | unit | PyTorch default | expandable segments | strata | strata / expandable | strata / default |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for m, r in results.items():
         f = r["largest"]
-        cell = lambda k: str(f[k]) if k in f else ("error" if k in r["errors"] else "-")   # noqa: E731
+
+        def cell(k, m=m, r=r, f=f):
+            if k in f:
+                q = peak_ratio(m, k, f[k])
+                return f"{f[k]}" + (f" ({q:.3f})" if q else "")
+            if k in r["brackets"]:
+                lo, hi = r["brackets"][k]
+                return f"≥ {lo}" + (f", < {hi}" if hi else "") + " (budget spent)"
+            return "error" if k in r["errors"] else "-"
+
         ratio = lambda x, y: f"{f[x] / f[y]:.3f}" if x in f and y in f and f[y] else "-"   # noqa: E731
         lines.append(f"| {m} | {unit[m]} | {cell('native')} | {cell('expandable')} | {cell('strata')} | "
                      f"{ratio('strata', 'expandable')} | {ratio('strata', 'native')} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "fits.json"), "w") as fh:
-        json.dump({"cap_gib": a.cap_gib, "steps": a.steps, "results": results, "trials": log}, fh, indent=1)
+        json.dump({"cap_gib": a.cap_gib, "steps": a.steps, "resolution": a.resolution, "results": results, "trials": log},
+                  fh, indent=1)
     with open(os.path.join(a.out, "fits.md"), "w") as fh:
         fh.write(table)
     print(table)

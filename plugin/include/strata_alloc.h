@@ -85,6 +85,11 @@ typedef struct strata_device_figures {
 } strata_device_figures;
 /* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
 STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);
+/* strata_malloc_or_throw and strata_free that also fill `out` (when not null) with the device's figures as the
+ * call left them, under the same lock: strata's PyTorch backend keeps memory_stats' figures from these, with no
+ * second call per allocation or free. A refused allocation fills `out` before its exception leaves. */
+STRATA_ALLOC_API void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out);
+STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t stream, strata_device_figures* out);
 
 /* ---- CuPy: CFunctionAllocator(0, strata_cupy_malloc, strata_cupy_free, owner) -------------------------- */
 STRATA_ALLOC_API void* strata_cupy_malloc(void* param, size_t size, int device);  /* null on failure, as CuPy expects */

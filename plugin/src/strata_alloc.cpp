@@ -324,6 +324,28 @@ void free_locked(device_slot& s, void* ptr, std::size_t size, cudaStream_t strea
   account_free(s, size);
 }
 
+/// The device's figures as they stand; the slot's lock held.
+void fill_figures(device_slot& s, strata_device_figures* out) noexcept
+{
+  const strata::usage u = s.stack->usage();
+  const stack_calls calls = s.stack->calls();
+  *out = strata_device_figures{};
+  out->reserved = u.reserved;
+  out->in_use = u.in_use;
+  out->largest_free = u.largest_free;
+  out->chunks = u.chunks;
+  out->free_blocks = u.free_blocks;
+  out->held_bytes = s.stack->held_bytes();
+  out->held_blocks = s.stack->held_blocks();
+  out->allocated = s.stats.allocated;
+  out->limit = s.cap;
+  out->device_memory = s.device_memory;
+  out->device_allocs = calls.pages.creates;
+  out->device_frees = calls.pages.releases;
+  out->alloc_retries = s.stats.num_alloc_retries;
+  out->ooms = s.stats.num_ooms;
+}
+
 /// A built slot, or null (nothing was ever allocated there).
 device_slot* built_slot(int device) noexcept
 {
@@ -664,23 +686,59 @@ int strata_device_figures_get(int device, strata_device_figures* out)
   device_slot* s = built_slot(device);
   if (s == nullptr) return 1;
   std::lock_guard lock(*s->mutex);
-  const strata::usage u = s->stack->usage();
-  const stack_calls calls = s->stack->calls();
-  out->reserved = u.reserved;
-  out->in_use = u.in_use;
-  out->largest_free = u.largest_free;
-  out->chunks = u.chunks;
-  out->free_blocks = u.free_blocks;
-  out->held_bytes = s->stack->held_bytes();
-  out->held_blocks = s->stack->held_blocks();
-  out->allocated = s->stats.allocated;
-  out->limit = s->cap;
-  out->device_memory = s->device_memory;
-  out->device_allocs = calls.pages.creates;
-  out->device_frees = calls.pages.releases;
-  out->alloc_retries = s->stats.num_alloc_retries;
-  out->ooms = s->stats.num_ooms;
+  fill_figures(*s, out);
   return 0;
+}
+
+void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out)
+{
+  try {
+    if (size == 0) {
+      if (out != nullptr) (void)strata_device_figures_get(device, out);
+      return nullptr;
+    }
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
+    try {
+      void* p = allocate_locked(s, size, stream);
+      if (out != nullptr) fill_figures(s, out);
+      return p;
+    } catch (...) {
+      if (out != nullptr) fill_figures(s, out);  // what the refusal left: the out-of-memory message quotes it
+      throw;
+    }
+  } catch (const std::bad_alloc& e) {
+    set_error("malloc", e);
+    if (const auto handler = oom_handler.load()) handler(last_error.c_str());
+    throw;
+  } catch (const std::exception& e) {
+    set_error("malloc", e);
+    throw std::runtime_error(last_error);
+  }
+}
+
+void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t stream, strata_device_figures* out)
+{
+  if (ptr == nullptr) {
+    if (out != nullptr) (void)strata_device_figures_get(device, out);
+    return;
+  }
+  device_slot* s = built_slot(device);
+  if (s == nullptr) {
+    set_error("free", "device " + std::to_string(device) + " has no stack: the pointer is not strata's (leaked, not freed)");
+    if (out != nullptr) *out = strata_device_figures{};
+    return;
+  }
+  std::lock_guard lock(*s->mutex);
+  try {
+    device_scope on(*s, device);
+    free_locked(*s, ptr, size, stream);
+  } catch (const std::exception& e) {  // the device could not be made current: free anyway
+    set_error("free", e);
+    free_locked(*s, ptr, size, stream);
+  }
+  if (out != nullptr) fill_figures(*s, out);
 }
 
 // CuPy: its free passes neither size nor stream, so both are remembered per block.

@@ -117,14 +117,17 @@ struct device_view {
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
   std::array<std::size_t, 3> oom_figures{};  ///< allocated, device total, device free at the last out of memory
+  /// The stack's figures as the backend's last call into it left them: a call that changes only the backend's
+  /// own table (a parked block freed or revived) observes these, the stack being as it was.
+  strata_device_figures last{};
 };
 
 void local_raw_delete(void* ptr);
 
 /// strata as PyTorch's process-wide CUDA allocator. Models: c10::cuda::CUDACachingAllocator::CUDAAllocator
 /// (every member of PyTorch 2.11's interface; what strata cannot honour throws a c10::Error naming it).
-/// Cost: an allocation or free is libstrata_alloc.so's call plus the device's lock, a hash-map update and one
-/// more plug-in call for the figures (no CUDA call of its own); recording history adds PyTorch's frame
+/// Cost: an allocation or free is one libstrata_alloc.so call (which returns the figures it left) plus the
+/// device's lock and a hash-map update (no CUDA call of its own); recording history adds PyTorch's frame
 /// gathering; out of memory adds a cudaMemGetInfo. Thread-safe: one mutex per device.
 class strata_backend final : public alloc::CUDAAllocator {
 public:
@@ -151,7 +154,14 @@ public:
     // (its graphs replay at their addresses) until the pool is released, as in PyTorch's allocator.
     strata_report_error("");  // the thread's last message may be an older call's
     strata_reset();
-    check_no_error("emptyCache");
+    const std::string failure = strata_last_error();
+    const int count = device_count_.load(std::memory_order_acquire);
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      std::lock_guard lock(v.mutex);
+      observe(v, static_cast<c10::DeviceIndex>(d));
+    }
+    if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override { alloc::CUDAAllocator::recordStream(ptr, stream); }
@@ -327,7 +337,7 @@ public:
       TORCH_CHECK(false, "strata: ", e.what());
     }
     for (const auto& [address, b] : returned)
-      strata_free(reinterpret_cast<void*>(address), b.size, device, static_cast<cudaStream_t>(b.stream));
+      strata_free_observed(reinterpret_cast<void*>(address), b.size, device, static_cast<cudaStream_t>(b.stream), nullptr);
     if (v.blocks.use_count(id) == 0) {
       try {
         strata_release_pool(device, mempool_id);
@@ -530,9 +540,9 @@ public:
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
       if (!gone) continue;
       const auto& [b, parked] = *gone;
-      if (!parked) strata_free(ptr, b.size, d, static_cast<cudaStream_t>(b.stream));
+      if (!parked) strata_free_observed(ptr, b.size, d, static_cast<cudaStream_t>(b.stream), &v.last);
       v.stats.on_free(b.size, b.requested);
-      observe(v, static_cast<c10::DeviceIndex>(d));
+      apply(v);
       record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
       record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       return;
@@ -557,12 +567,17 @@ private:
     return f;
   }
 
+  /// Reads the stack's figures (outside the allocation and free paths, which are handed them) and applies them.
   static void observe(device_view& v, c10::DeviceIndex device)
   {
     strata_device_figures f{};
     if (strata_device_figures_get(device, &f) < 0) return;
-    v.stats.observe(figures_of(f), v.blocks.parked_bytes(), v.blocks.parked_blocks());
+    v.last = f;
+    apply(v);
   }
+
+  /// The statistics brought to the stack's last figures and the table's parked blocks.
+  static void apply(device_view& v) { v.stats.observe(figures_of(v.last), v.blocks.parked_bytes(), v.blocks.parked_blocks()); }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
@@ -593,7 +608,7 @@ private:
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
         v.stats.on_allocate(size, size);
-        observe(v, device);
+        apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
         return reinterpret_cast<void*>(*revived);
       }
@@ -601,7 +616,7 @@ private:
     std::string failure;
     bool out_of_memory = false;
     try {
-      p = strata_malloc_or_throw(size, device, stream);
+      p = strata_malloc_or_throw_observed(size, device, stream, &v.last);
     } catch (const std::bad_alloc&) {
       out_of_memory = true;
       failure = strata_last_error();
@@ -612,11 +627,11 @@ private:
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
         v.stats.on_allocate(size, size);
-        observe(v, device);
+        apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         return reinterpret_cast<void*>(*revived);
       }
-      observe(v, device);
+      apply(v);  // the refusal filled v.last
       const std::string message = out_of_memory_message(v, device, size, stream, failure);
       lock.unlock();
       throw_out_of_memory(device, v, message);
@@ -625,11 +640,12 @@ private:
     try {
       v.blocks.insert(reinterpret_cast<std::uintptr_t>(p), {size, size, stream, pool, context});
     } catch (const std::exception& e) {
-      strata_free(p, size, device, stream);
+      strata_free_observed(p, size, device, stream, &v.last);
+      apply(v);
       TORCH_CHECK(false, "strata: ", e.what());
     }
     v.stats.on_allocate(size, size);
-    observe(v, device);
+    apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     return p;
   }
@@ -644,8 +660,7 @@ private:
       c10::cuda::CUDAGuard guard(device);
       if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess) (void)cudaGetLastError();
     }
-    strata_device_figures f{};
-    (void)strata_device_figures_get(device, &f);
+    const strata_device_figures& f = v.last;
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
     v.oom_figures = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
     std::string m = "CUDA out of memory. Tried to allocate " + bytes_text(size) + ". GPU " + std::to_string(device) +

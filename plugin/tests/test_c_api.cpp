@@ -561,6 +561,54 @@ TEST_CASE("C API: device figures agree with memory_stats and count held blocks")
         }) == "");
 }
 
+TEST_CASE("C API: the observed allocation and free fill the figures the same call left, equal to a separate read")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=512MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          auto same = [](const strata_device_figures& x, const strata_device_figures& y) {
+            return x.reserved == y.reserved && x.in_use == y.in_use && x.largest_free == y.largest_free && x.chunks == y.chunks &&
+                   x.free_blocks == y.free_blocks && x.held_bytes == y.held_bytes && x.held_blocks == y.held_blocks &&
+                   x.allocated == y.allocated && x.limit == y.limit && x.device_memory == y.device_memory &&
+                   x.device_allocs == y.device_allocs && x.device_frees == y.device_frees && x.alloc_retries == y.alloc_retries &&
+                   x.ooms == y.ooms;
+          };
+          strata_device_figures seen{}, read{};
+          void* p = strata_malloc_or_throw_observed(3 * MiB, 0, a, &seen);
+          EXPECT(p != nullptr);
+          EXPECT(strata_device_figures_get(0, &read) == 0);
+          EXPECT(same(seen, read));
+          EXPECT(seen.allocated == 3 * MiB && seen.reserved >= 3 * MiB && seen.device_allocs >= 1);
+          void* q = strata_malloc_or_throw_observed(1000, 0, a, nullptr);  // null: no figures asked for
+          EXPECT(q != nullptr);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);
+          strata_free_observed(p, 3 * MiB, 0, a, &seen);
+          EXPECT(strata_device_figures_get(0, &read) == 0);
+          EXPECT(same(seen, read));
+          EXPECT(seen.allocated == 1000 && seen.held_bytes == 3 * MiB && seen.held_blocks == 1);
+          EXPECT(strata_sim_finish(b) == 0);
+          bool refused = false;
+          try {
+            (void)strata_malloc_or_throw_observed(600 * MiB, 0, a, &seen);  // above limit=
+          } catch (const std::bad_alloc&) {
+            refused = true;
+          }
+          EXPECT(refused);
+          EXPECT(seen.ooms == 1 && seen.allocated == 1000);  // filled before the exception left
+          EXPECT(strata_device_figures_get(0, &read) == 0);
+          EXPECT(same(seen, read));
+          strata_free_observed(q, 1000, 0, a, &seen);
+          EXPECT(seen.allocated == 0);
+          EXPECT(strata_malloc_or_throw_observed(0, 0, a, &seen) == nullptr);  // size 0: null, figures as they stand
+          EXPECT(strata_device_figures_get(0, &read) == 0);
+          EXPECT(same(seen, read));
+          strata_free_observed(q, 1000, 5, a, &seen);  // a device without a stack: nothing freed, zeros, a message
+          EXPECT(seen.reserved == 0 && seen.allocated == 0);
+          EXPECT(mentions("no stack"));
+        }) == "");
+}
+
 TEST_CASE("C API: record=PATH writes the recorder's trace, flushed on demand and at exit")
 {
   const std::string path = "/tmp/strata_plugin_test_trace_" + std::to_string(getpid()) + ".csv";
