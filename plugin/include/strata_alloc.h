@@ -2,7 +2,7 @@
  * (cupy.cuda.memory.CFunctionAllocator): libstrata_alloc.so. One strata stack per device, built on first use
  * from the configuration (STRATA_ALLOC_CONF or strata_configure). Every function is safe to call from any
  * thread. A failing call returns null / nonzero / does nothing and leaves its message in strata_last_error();
- * no exception escapes except from strata_malloc_or_throw and the graph-pool hooks (see there).
+ * no exception escapes except from strata_malloc_or_throw(_observed) and the graph-pool hooks (see there).
  * docs/pytorch.md has the whole story. */
 #ifndef STRATA_ALLOC_H
 #define STRATA_ALLOC_H
