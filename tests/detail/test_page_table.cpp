@@ -2,7 +2,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <utility>
+#include <vector>
 
 #include <strata/detail/page_table.hpp>
 #include <strata/pages/simulated_pages.hpp>
@@ -138,4 +140,106 @@ TEST_CASE("page_table: destroyed or assigned to, it gives every mapping and rang
   }
   CHECK(device.bytes_alive() == 0);
   CHECK(device.ranges_reserved() == 0);
+}
+
+TEST_CASE("page_table: holding and letting go a block writes its first and last pages' entries only, whatever its length")
+{
+  simulated_pages device(page);
+  table_t t(device_ref{&device});
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  map_and_hold(t, 0, 499, 64);  // eight mappings
+  t.let_go(r, 0, 499);
+  struct span {
+    std::size_t first, last, idle_pages_held;
+  };
+  for (const span s : {span{3, 4, 436}, span{3, 130, 308}, span{0, 499, 0}}) {  // 1, 3 and 8 mappings touched
+    const auto [first, last, idle_pages] = s;
+    const auto before = t.page_state_updates();
+    t.hold(r, first, last);
+    CHECK(t.live_pages() == last - first + 1);
+    CHECK(t.idle_bytes() == idle_pages * page);
+    t.let_go(r, first, last);
+    CHECK(t.page_state_updates() - before == 4);
+    CHECK(t.live_pages() == 0);
+    CHECK(t.idle_bytes() == 500 * page);
+  }
+}
+
+TEST_CASE("page_table: randomized blocks over runs of mappings and gaps agree with a page-by-page count")
+{
+  constexpr std::size_t pages = 300;
+  simulated_pages device(page);
+  table_t t(device_ref{&device});
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  t.grow(r, pages);
+  std::mt19937_64 rng(29);
+  for (std::size_t p = 0; p < pages;) {  // runs of 1-9 mapped pages between gaps of 0-3
+    const std::size_t run = std::min<std::size_t>(1 + rng() % 9, pages - p);
+    if (rng() % 3 != 0) {
+      t.map_unmapped(r, p, p + run - 1, run * page, run, [] {});
+      t.hold(r, p, p + run - 1);  // a new mapping is idle only once a block has let it go
+      t.let_go(r, p, p + run - 1);
+    }
+    p += run + rng() % 4;
+  }
+  const auto mapped = [&](std::size_t p) { return p < r.pages.size() && r.pages[p].mapping != table_t::no_mapping; };
+
+  std::vector<int> owner(pages * 4, -1);  // which live block holds each quarter page: blocks start and end mid-page, sharing pages
+  struct live_block {
+    std::size_t first_unit, units;
+  };
+  std::vector<live_block> blocks;
+  const auto span_of = [](const live_block& b) { return std::pair{b.first_unit / 4, (b.first_unit + b.units - 1) / 4}; };
+  std::size_t holds = 0, checks = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (blocks.empty() || rng() % 2 == 0) {
+      const live_block b{static_cast<std::size_t>(rng() % (pages * 4 - 40)), 1 + static_cast<std::size_t>(rng() % 40)};
+      const auto [first, last] = span_of(b);
+      bool fits = true;
+      for (std::size_t u = b.first_unit; u < b.first_unit + b.units; ++u) fits = fits && owner[u] < 0;
+      for (std::size_t p = first; p <= last; ++p) fits = fits && mapped(p);
+      if (!fits) continue;
+      for (std::size_t u = b.first_unit; u < b.first_unit + b.units; ++u) owner[u] = static_cast<int>(blocks.size());
+      blocks.push_back(b);
+      t.hold(r, first, last);
+      ++holds;
+    } else {
+      const std::size_t i = rng() % blocks.size();
+      const auto [first, last] = span_of(blocks[i]);
+      t.let_go(r, first, last);
+      for (std::size_t u = blocks[i].first_unit; u < blocks[i].first_unit + blocks[i].units; ++u) owner[u] = -1;
+      blocks[i] = blocks.back();
+      blocks.pop_back();
+      for (std::size_t u = 0; u < owner.size(); ++u)
+        if (owner[u] == static_cast<int>(blocks.size())) owner[u] = static_cast<int>(i);
+    }
+    // The page-by-page truth: pages some live block touches, the mappings none of whose pages are touched.
+    std::vector<bool> live(pages, false);
+    for (std::size_t u = 0; u < owner.size(); ++u) live[u / 4] = live[u / 4] || owner[u] >= 0;
+    std::size_t live_pages = 0, idle = 0;
+    for (std::size_t p = 0; p < pages; ++p) live_pages += live[p];
+    for (std::size_t p = 0; p < pages;) {
+      if (!mapped(p)) {
+        ++p;
+        continue;
+      }
+      const auto& m = t.slot(r.pages[p].mapping);
+      bool busy = false;
+      for (std::size_t q = m.first; q < m.first + m.count; ++q) busy = busy || live[q];
+      if (!busy) idle += m.count * page;
+      p = m.first + m.count;
+    }
+    REQUIRE(t.live_pages() == live_pages);
+    REQUIRE(t.idle_bytes() == idle);
+    const std::size_t a = rng() % pages, b = std::min(pages - 1, a + rng() % 60);
+    std::size_t unmapped = 0;
+    for (std::size_t p = a; p <= b; ++p) unmapped += !mapped(p);
+    REQUIRE(t.census(r, a, b).unmapped == unmapped);
+    REQUIRE(t.unmapped_pages(r, t.address_of(r, a), (b - a + 1) * page) == unmapped);
+    ++checks;
+  }
+  CHECK(holds > 300);
+  CHECK(checks > 1000);
 }

@@ -690,3 +690,32 @@ TEST_CASE("mapped_pool::backing_of over random blocks: always contiguous and cov
   CHECK(checked > 2000);
   for (auto [p, bytes] : live) pool.deallocate(p, bytes);
 }
+
+TEST_CASE("mapped_pool: an allocation and a free write the same page state for a block of 2 MiB, 256 MiB or 1 GiB")
+{
+  constexpr int pairs = 10;
+  std::vector<std::uint64_t> per_pair;
+  for (const std::size_t size : {2 * mib, 256 * mib, 1024 * mib}) {
+    CAPTURE(size);
+    pool_t pool{simulated_pages{}, {.relocate_idle = false}};
+    void* spacer = pool.allocate(mib + 256);  // the blocks start mid-page, sharing their first page
+    void* warm = pool.allocate(size);         // maps the block's pages once
+    pool.deallocate(warm, size);
+    const page_counters calls = pool.page_calls();
+    const std::uint64_t before = pool.page_state_updates();
+    for (int i = 0; i < pairs; ++i) {
+      void* p = pool.allocate(size);
+      CHECK(p == warm);  // reused in place
+      CHECK(pool.live_page_bytes() == align_up(size + mib + 256, page));
+      pool.deallocate(p, size);
+    }
+    CHECK(pool.page_calls().creates == calls.creates);
+    CHECK(pool.page_calls().maps == calls.maps);
+    CHECK(pool.idle_bytes() == pool.physical_bytes() - page);  // all but the spacer's first page
+    per_pair.push_back((pool.page_state_updates() - before) / pairs);
+    pool.deallocate(spacer, mib + 256);
+  }
+  CHECK(per_pair[0] == 4);  // the first and last page, once each way
+  CHECK(per_pair[1] == per_pair[0]);
+  CHECK(per_pair[2] == per_pair[0]);
+}

@@ -16,7 +16,8 @@
 namespace strata::detail {
 
 /// Cost: a relocation is two backend calls (map, set access) per allocation moved, a scan of the idle queue
-/// per run and a walk of the blocks before the range it leaves; tidy waits for the device only when told to.
+/// per run, a walk of the blocks before the range it leaves and a write of the pages it moves between; tidy
+/// waits for the device only when told to.
 template <class Backend>
 class mapping_relocation {
 public:
@@ -42,16 +43,14 @@ public:
     const std::size_t page = t_.page_size();
     const std::size_t band_pages = bd.size / page;
     for (std::size_t p = first; p <= last;) {
-      if (bd.pages[p].mapping != table::no_mapping) {
-        ++p;
+      const auto gap = t_.piece_at(bd, p, band_pages - 1);  // looked up again: each move adds a run
+      if (gap.slot != table::no_mapping) {
+        p = gap.last + 1;
         continue;
       }
-      std::size_t run = 0;
-      while (p + run <= last && bd.pages[p + run].mapping == table::no_mapping) ++run;
-      std::size_t room = run;  // past `last`, unmapped pages are free address space
-      if (p + run > last)
-        while (room < max_run && p + room < band_pages && (p + room >= bd.pages.size() || bd.pages[p + room].mapping == table::no_mapping))
-          ++room;
+      std::size_t run = std::min(gap.last, last) - p + 1;
+      // Past `last`, unmapped pages are free address space.
+      std::size_t room = gap.last > last ? std::max(run, std::min(max_run, gap.last - p + 1)) : run;
       while (run > 0) {
         const std::uint32_t slot = idle_to_move(bd, run, room, keep);
         if (slot == table::no_mapping) break;
@@ -81,12 +80,13 @@ public:
       } catch (...) {
         break;
       }
-      for (std::size_t p = m.first; p < m.first + m.count; ++p) now.pages[p].mapping = table::no_mapping;
+      t_.set_mapping(now, m.first, m.count, table::no_mapping);
+      table::remove_run(now, m.first);
       range& back = s_.ranges[g.band];
       m.band = g.band;
       m.first = g.first;
       --m.aliases;
-      for (std::size_t p = g.first; p < g.first + g.count; ++p) back.pages[p].mapping = g.slot;
+      t_.set_mapping(back, g.first, g.count, g.slot);  // its run stayed filed while stale
       s_.stale_bytes -= t_.bytes_of(m);
       blocks_[g.band].release(g.holder, nodes_);
       s_.stale.pop_back();
@@ -113,7 +113,8 @@ public:
     while (gone < s_.stale.size() && s_.stale[gone].unmapped) {
       const auto& g = s_.stale[gone];
       range& bd = s_.ranges[g.band];
-      for (std::size_t p = g.first; p < g.first + g.count; ++p) bd.pages[p].mapping = table::no_mapping;
+      t_.set_mapping(bd, g.first, g.count, table::no_mapping);
+      table::remove_run(bd, g.first);
       blocks_[g.band].release(g.holder, nodes_);
       ++gone;
     }
@@ -158,6 +159,7 @@ private:
     try {
       if (old_address + bytes < holder->address + holder->size) tail = nodes_.make();
       s_.stale.reserve(s_.stale.size() + 1);
+      table::reserve_runs(to, 1);
       if (at + m.count > to.pages.size()) t_.grow(to, at + m.count);
       t_.backend_.map(new_address, m.page, bytes);
       try {
@@ -176,13 +178,14 @@ private:
       throw;
     }
     holder = blocks_[m.band].carve(holder, old_address, bytes, rest, tail);  // the holder: neither free nor live
-    for (std::size_t p = m.first; p < m.first + m.count; ++p) from.pages[p].mapping = table::stale_mapping;
+    t_.set_mapping(from, m.first, m.count, table::stale_mapping);  // its run stays filed: the stale range's
     s_.stale.push_back({.band = m.band, .first = m.first, .count = m.count, .holder = holder, .slot = slot});
     s_.stale_bytes += bytes;
     ++m.aliases;
     m.band = t_.index_of(to);
     m.first = at;
-    for (std::size_t p = at; p < at + m.count; ++p) to.pages[p].mapping = slot;
+    t_.set_mapping(to, at, m.count, slot);
+    table::add_run(to, at, m.count);
     ++s_.relocations;
   }
 

@@ -1,9 +1,16 @@
 #pragma once
 // mapped_pool's page table: its two reserved address ranges cut in pages, which physical allocation
-// ("mapping") stands behind each page and how many live blocks touch it, the mappings themselves with the
-// queue of idle ones, and the ranges relocations left mapped ("stale ranges", mapping_relocation.hpp). It owns
-// the backend and everything taken from it: destroyed, or assigned to, it waits for the device once and gives
-// every mapping, stale range and address range back; a move leaves the other table empty.
+// ("mapping") stands behind each page, the mappings themselves with the queue of idle ones, and the ranges
+// relocations left mapped ("stale ranges", mapping_relocation.hpp). It owns the backend and everything taken
+// from it: destroyed, or assigned to, it waits for the device once and gives every mapping, stale range and
+// address range back; a move leaves the other table empty.
+//
+// Live state is kept by runs, not pages: a page wholly inside a block is touched by that block alone, so a
+// block's interior pages need no count of their own (each mapping counts its busy pages); only the block's
+// first and last pages, which other blocks may share, keep a count of the live blocks ending there. Each range
+// also keeps its mapped runs (mappings and stale ranges) in address order, so the unmapped gaps of a span are
+// found by a binary search instead of a walk over its pages. Holding, letting go and looking at a span costs
+// O(mappings and gaps it covers), never O(pages).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -29,9 +36,11 @@ struct page_span {
   std::size_t reach;
 };
 
-/// Cost: page lookups O(1); hold and let_go O(pages); a new mapping three backend calls; reclaim one device
-/// wait and two backend calls per mapping given back (a scan of the idle queue). Never allocates but in grow,
-/// reserve_mapping_slots and reclaim, which change nothing when they throw.
+/// Cost: hold, let_go, census and unmapped_pages O(runs the span covers), plus O(log runs) per unmapped gap;
+/// a new mapping three backend calls, writing its pages' entries once and inserting it in its range's run
+/// order; reclaim one device wait and two backend calls per mapping given back (a scan of the idle queue).
+/// Never allocates but in grow, reserve_mapping_slots, reserve_runs and reclaim, which change nothing when
+/// they throw.
 template <page_backend Backend>
 class page_table {
 public:
@@ -40,8 +49,22 @@ public:
   using page_handle = typename Backend::page;
 
   struct page_state {
-    std::uint32_t live = 0;              ///< live blocks touching the page
+    std::uint32_t live = 0;              ///< live blocks starting or ending on the page (a block's inner pages count nothing)
     std::uint32_t mapping = no_mapping;  ///< the physical allocation behind it
+  };
+
+  /// Pages [first, first + count) of a range mapped (by a mapping or a stale range).
+  struct mapped_run {
+    std::size_t first = 0;
+    std::size_t count = 0;
+  };
+
+  /// Pages [first, last] of a span behind one mapping (`slot`), one stale range (stale_mapping) or nothing
+  /// (no_mapping).
+  struct piece {
+    std::size_t first;
+    std::size_t last;
+    std::uint32_t slot;
   };
 
   /// One physical allocation mapped at pages [first, first + count) of a range.
@@ -56,11 +79,12 @@ public:
     bool listed = false;      ///< in the idle queue (entries are re-checked when taken)
   };
 
-  /// One reserved address range; `pages` grows to the highest page touched.
+  /// One reserved address range; `pages` grows to the highest page touched; `runs` in address order.
   struct range {
     std::uintptr_t base = 0;
     std::size_t size = 0;
     std::vector<page_state> pages;
+    std::vector<mapped_run> runs;
   };
 
   /// Where a relocated allocation was mapped before: still mapped (until `unmapped`), its blocks replaced by
@@ -114,6 +138,9 @@ public:
   /// How many of the oldest stale ranges a device wait has covered (they can be given back without one).
   std::size_t stale_covered() const noexcept { return s_.stale_safe; }
   std::uint64_t relocations() const noexcept { return s_.relocations; }
+  /// Per-page entries written so far (live counts and the mapping behind a page): what a block's size would
+  /// cost if page state were kept page by page.
+  std::uint64_t page_state_updates() const noexcept { return s_.page_state_updates; }
   void reset_peak() noexcept
   {
     s_.peak_physical = s_.physical;
@@ -124,7 +151,7 @@ public:
   std::uintptr_t reserve(std::uint32_t i, std::size_t bytes, std::size_t alignment)
   {
     const std::uintptr_t base = backend_.reserve(bytes, alignment);
-    s_.ranges[i] = range{.base = base, .size = bytes, .pages = {}};
+    s_.ranges[i] = range{.base = base, .size = bytes, .pages = {}, .runs = {}};
     return base;
   }
   void unreserve(std::uint32_t i) noexcept
@@ -136,41 +163,78 @@ public:
   /// Makes the table reach at least `pages` pages, doubling (strong guarantee: new pages have nothing behind them).
   void grow(range& r, std::size_t pages) { r.pages.resize(std::max(pages, std::min(r.size / page_size(), r.pages.size() * 2))); }
 
+  /// The piece of [p, last] that starts at p: up to the end of the run behind p or of the gap before the next
+  /// run. O(1) on a mapping's page, O(log runs) otherwise.
+  piece piece_at(const range& r, std::size_t p, std::size_t last) const noexcept
+  {
+    if (p >= r.pages.size()) return {p, last, no_mapping};  // every run lies within the table
+    const std::uint32_t slot = r.pages[p].mapping;
+    if (slot < stale_mapping) {
+      const mapping& m = s_.mappings[slot];
+      return {p, std::min(last, m.first + m.count - 1), slot};
+    }
+    const auto next = first_run_after(r, p);
+    if (slot == stale_mapping) {
+      const mapped_run& run = *(next - 1);
+      return {p, std::min(last, run.first + run.count - 1), slot};
+    }
+    return {p, next == r.runs.end() ? last : std::min(last, next->first - 1), no_mapping};
+  }
+
+  /// Calls f(piece) for each piece of pages [first, last], in order.
+  template <class F>
+  void for_each_piece(const range& r, std::size_t first, std::size_t last, F&& f) const noexcept
+  {
+    for (std::size_t p = first; p <= last;) {
+      const piece pc = piece_at(r, p, last);
+      f(pc);
+      if (pc.last == last) return;  // also where last is the range's final page
+      p = pc.last + 1;
+    }
+  }
+
   std::size_t unmapped_pages(const range& r, std::uintptr_t start, std::size_t size) const noexcept
   {
     std::size_t unmapped = 0;
-    for (std::size_t p = page_of(r, start), last = page_of(r, start + size - 1); p <= last; ++p)
-      unmapped += p >= r.pages.size() || r.pages[p].mapping == no_mapping;
+    for_each_piece(r, page_of(r, start), page_of(r, start + size - 1), [&](const piece& pc) {
+      if (pc.slot == no_mapping) unmapped += pc.last - pc.first + 1;
+    });
     return unmapped;
   }
 
   /// Counts one more live block on pages [first, last], all mapped; their mappings stop being idle.
   void hold(range& r, std::size_t first, std::size_t last) noexcept
   {
-    for (std::size_t p = first; p <= last; ++p) {
-      if (r.pages[p].live++ != 0) continue;
-      s_.peak_live_pages = std::max(s_.peak_live_pages, ++s_.live_pages);
-      mapping& m = s_.mappings[r.pages[p].mapping];
-      if (m.busy++ == 0 && m.idle) {
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      const std::size_t now_live = inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, 1)) +
+                                   (pc.last == last && last != first && add_edge(r, last, 1));
+      if (now_live == 0) return;
+      s_.live_pages += now_live;
+      mapping& m = s_.mappings[pc.slot];
+      if (m.busy == 0 && m.idle) {
         m.idle = false;
         s_.idle_bytes -= bytes_of(m);
       }
-    }
+      m.busy += now_live;
+    });
+    s_.peak_live_pages = std::max(s_.peak_live_pages, s_.live_pages);
   }
 
   /// Counts one live block fewer on pages [first, last]; a mapping no live block touches any more goes idle.
   void let_go(range& r, std::size_t first, std::size_t last) noexcept
   {
-    for (std::size_t p = first; p <= last; ++p) {
-      if (--r.pages[p].live != 0) continue;
-      --s_.live_pages;
-      const std::uint32_t slot = r.pages[p].mapping;
-      mapping& m = s_.mappings[slot];
-      if (--m.busy != 0) continue;
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      const std::size_t now_free = inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, -1)) +
+                                   (pc.last == last && last != first && add_edge(r, last, -1));
+      if (now_free == 0) return;
+      s_.live_pages -= now_free;
+      mapping& m = s_.mappings[pc.slot];
+      m.busy -= now_free;
+      if (m.busy != 0) return;
       m.idle = true;
       s_.idle_bytes += bytes_of(m);
-      if (!m.listed) list_idle(slot);
-    }
+      if (!m.listed) list_idle(pc.slot);
+    });
   }
 
   struct page_census {
@@ -181,13 +245,10 @@ public:
   page_census census(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     page_census c;
-    std::uint32_t previous = no_mapping;
-    for (std::size_t p = first; p <= last; ++p) {
-      const std::uint32_t m = r.pages[p].mapping;
-      if (m == no_mapping) ++c.unmapped;
-      else if (m != previous && s_.mappings[m].idle) c.idle_bytes += bytes_of(s_.mappings[m]);
-      previous = m;
-    }
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      if (pc.slot == no_mapping) c.unmapped += pc.last - pc.first + 1;
+      else if (pc.slot != stale_mapping && s_.mappings[pc.slot].idle) c.idle_bytes += bytes_of(s_.mappings[pc.slot]);
+    });
     return c;
   }
 
@@ -197,15 +258,15 @@ public:
   std::size_t pages_ahead(range& r, page_span span, std::size_t want, std::size_t max_run)
   {
     if (r.pages[span.last].mapping != no_mapping || span.reach <= span.last) return 0;
-    std::size_t trailing = 0;  // the unmapped run ending at the span's last page, split at max_run from its start
-    for (std::size_t p = span.last + 1; p-- > span.first && r.pages[p].mapping == no_mapping;) ++trailing;
+    const auto next = first_run_after(r, span.last);
+    const std::size_t gap_start = next == r.runs.begin() ? 0 : (next - 1)->first + (next - 1)->count;
+    // The unmapped run ending at the span's last page, split at max_run from its start.
+    const std::size_t trailing = span.last + 1 - std::max(span.first, gap_start);
     const std::size_t last_run = (trailing - 1) % max_run + 1;
     if (last_run >= want) return 0;
     const std::size_t extra = std::min(want - last_run, span.reach - span.last);
     if (span.last + extra >= r.pages.size()) grow(r, span.last + extra + 1);
-    std::size_t n = 0;
-    while (n < extra && r.pages[span.last + 1 + n].mapping == no_mapping) ++n;
-    return n;
+    return next == r.runs.end() ? extra : std::min(extra, next->first - span.last - 1);
   }
 
   /// One physical allocation per run of unmapped pages in [first, last] (`needed` bytes in all, runs split at
@@ -214,16 +275,17 @@ public:
   void map_unmapped(range& r, std::size_t first, std::size_t last, std::size_t needed, std::size_t max_run, Mapped&& mapped)
   {
     reserve_mapping_slots(needed / page_size());
+    reserve_runs(r, needed / page_size());
     std::vector<std::uint32_t> made;
     made.reserve(needed / page_size());
     try {
       for (std::size_t p = first; p <= last;) {
-        if (r.pages[p].mapping != no_mapping) {
-          ++p;
+        const piece pc = piece_at(r, p, last);  // looked up again: each mapping made adds a run
+        if (pc.slot != no_mapping) {
+          p = pc.last + 1;
           continue;
         }
-        std::size_t run = 0;
-        while (p + run <= last && run < max_run && r.pages[p + run].mapping == no_mapping) ++run;
+        const std::size_t run = std::min(pc.last - p + 1, max_run);
         made.push_back(map_one(r, p, run));
         mapped();
         p += run;
@@ -296,6 +358,7 @@ private:
     std::size_t stale_safe = 0;              ///< how many of the oldest stale ranges a device wait has covered
     std::size_t stale_bytes = 0;             ///< address space of stale ranges still mapped
     std::uint64_t relocations = 0;
+    std::uint64_t page_state_updates = 0;
     std::size_t physical = 0;
     std::size_t peak_physical = 0;
     std::size_t idle_bytes = 0;
@@ -336,7 +399,8 @@ private:
       s_.mappings.emplace_back();  // capacity reserved
     }
     s_.mappings[slot] = mapping{.page = page, .band = index_of(r), .first = first, .count = count};
-    for (std::size_t p = first; p < first + count; ++p) r.pages[p].mapping = slot;
+    set_mapping(r, first, count, slot);
+    add_run(r, first, count);
     ++s_.mappings_live;
     s_.physical += bytes;
     s_.peak_physical = std::max(s_.peak_physical, s_.physical);
@@ -368,11 +432,63 @@ private:
     mapping& m = s_.mappings[slot];
     range& r = s_.ranges[m.band];
     backend_.destroy(m.page);
-    for (std::size_t p = m.first; p < m.first + m.count; ++p) r.pages[p].mapping = no_mapping;
+    set_mapping(r, m.first, m.count, no_mapping);
+    remove_run(r, m.first);
     s_.physical -= bytes_of(m);
     --s_.mappings_live;
     m = mapping{};
     s_.free_slots.push_back(slot);  // capacity reserved for every slot
+  }
+
+  /// The first run starting after page p.
+  typename std::vector<mapped_run>::const_iterator first_run_after(const range& r, std::size_t p) const noexcept
+  {
+    return std::upper_bound(r.runs.begin(), r.runs.end(), p, [](std::size_t page, const mapped_run& run) { return page < run.first; });
+  }
+
+  /// Pages of the piece strictly inside the block [first, last]: touched by that block alone.
+  static std::size_t inner_pages(const piece& pc, std::size_t first, std::size_t last) noexcept
+  {
+    const std::size_t lo = std::max(pc.first, first + 1);
+    const std::size_t hi = last == 0 ? 0 : std::min(pc.last, last - 1);
+    return lo <= hi && last > first + 1 ? hi - lo + 1 : 0;
+  }
+
+  /// Adds `delta` (+1 or -1) to the live count of a block's first or last page; true when the page goes from
+  /// no live block to one, or back.
+  bool add_edge(range& r, std::size_t p, int delta) noexcept
+  {
+    ++s_.page_state_updates;
+    std::uint32_t& live = r.pages[p].live;
+    if (delta > 0) return live++ == 0;
+    return --live == 0;
+  }
+
+  /// Writes the mapping behind pages [first, first + count).
+  void set_mapping(range& r, std::size_t first, std::size_t count, std::uint32_t slot) noexcept
+  {
+    for (std::size_t p = first; p < first + count; ++p) r.pages[p].mapping = slot;
+    s_.page_state_updates += count;
+  }
+
+  /// Room for `more` runs in r's order, so adding them cannot throw.
+  static void reserve_runs(range& r, std::size_t more)
+  {
+    if (r.runs.size() + more > r.runs.capacity()) r.runs.reserve(std::max(r.runs.size() + more, 2 * r.runs.capacity()));
+  }
+
+  /// Files pages [first, first + count), just mapped, in r's run order (room reserved).
+  static void add_run(range& r, std::size_t first, std::size_t count) noexcept
+  {
+    const auto at = std::upper_bound(r.runs.begin(), r.runs.end(), first, [](std::size_t page, const mapped_run& run) { return page < run.first; });
+    r.runs.insert(at, mapped_run{first, count});
+  }
+
+  /// Takes the run starting at page `first`, just unmapped, out of r's order.
+  static void remove_run(range& r, std::size_t first) noexcept
+  {
+    const auto at = std::lower_bound(r.runs.begin(), r.runs.end(), first, [](const mapped_run& run, std::size_t page) { return run.first < page; });
+    r.runs.erase(at);
   }
 
   /// Files an idle mapping. Never allocates: the queue's capacity covers every mapping slot, each listed at

@@ -41,8 +41,9 @@ namespace strata {
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
-/// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the pages the block
-/// touches and a bounded placement search; a new mapping three driver calls, a relocation two; the host waits
+/// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the mappings the
+/// block touches (never its pages: page state is kept by runs) and a bounded placement search, each candidate
+/// O(mappings it covers + log mappings); a new mapping three driver calls, a relocation two; the host waits
 /// for the device only in a reclaim (once for a batch of mappings), in release(), when stale ranges pass
 /// `stale_address_limit`, and when the pool goes. Unsynchronized. Move-only; the ranges are reserved on first use.
 template <page_backend Backend>
@@ -207,6 +208,9 @@ public:
   bool relocating() const noexcept { return budget_.relocating(); }
   /// Address space left mapped by relocations and not yet unmapped (aliases of memory held: no physical cost).
   std::size_t stale_bytes() const noexcept { return table_.stale_bytes(); }
+  /// Per-page entries of the page table written so far: a block's first and last pages per allocation and
+  /// free, every page of a mapping made, moved or dropped.
+  std::uint64_t page_state_updates() const noexcept { return table_.page_state_updates(); }
   /// Driver calls made so far (creates, maps, unmaps, device waits...).
   const page_counters& page_calls() const noexcept { return table_.backend().counts(); }
   void reset_peak() noexcept { table_.reset_peak(); }
@@ -219,7 +223,7 @@ public:
   };
   /// The physical allocations behind the live block starting at p, in address order (they are contiguous and
   /// cover the block): what sharing the block with another process exports (ipc/). Empty for a pointer that
-  /// does not start a live block. O(pages of the block); allocates the result.
+  /// does not start a live block. O(mappings of the block); allocates the result.
   std::vector<backing> backing_of(const void* p) const
   {
     std::vector<backing> out;
@@ -228,15 +232,10 @@ public:
     const block& b = **found;
     const auto& r = table_.band(table_.band_of(b.address));
     const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
-    const std::size_t first = table_.page_of(r, start), last = table_.page_of(r, b.address + b.size - 1);
-    std::uint32_t previous = table::no_mapping;
-    for (std::size_t pg = first; pg <= last; ++pg) {
-      const std::uint32_t m = r.pages[pg].mapping;
-      if (m == previous) continue;
-      previous = m;
-      const auto& mp = table_.slot(m);
+    table_.for_each_piece(r, table_.page_of(r, start), table_.page_of(r, b.address + b.size - 1), [&](const typename table::piece& pc) {
+      const auto& mp = table_.slot(pc.slot);
       out.push_back({table_.address_of(r, mp.first), table_.bytes_of(mp), mp.page});
-    }
+    });
     return out;
   }
 
