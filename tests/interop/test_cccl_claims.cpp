@@ -1,5 +1,5 @@
-// Interop on the host: std::pmr containers over strata stacks, any_resource, cuda::mr references, and the
-// compile-time claims of every public box against both CCCL generations. (Thrust runs in tests/gpu.)
+// The compile-time claims of every public box against both CCCL generations, and cuda::mr references over
+// strata boxes. (Thrust runs in tests/gpu.)
 #include <doctest/doctest.h>
 
 #include <map>
@@ -80,89 +80,6 @@ static_assert(std::is_nothrow_constructible_v<thrust_allocator<double, coalescin
                                               const thrust_allocator<int, coalescing_pool<device_source>>&>);  // rebinding
 static_assert(!std::is_constructible_v<thrust_universal_allocator<int, coalescing_pool<managed_source>>,
                                        const thrust_allocator<int, coalescing_pool<managed_source>>&>);  // not across pointer kinds
-
-TEST_CASE("pmr_adaptor: std::pmr containers on a strata pool")
-{
-  spy<host_source> upstream;
-  {
-    pmr_adaptor<coalescing_pool<ref<spy<host_source>>>> adaptor{coalescing_pool<ref<spy<host_source>>>{ref(upstream)}};
-    std::pmr::vector<int> numbers(&adaptor);
-    for (int i = 0; i < 100'000; ++i) numbers.push_back(i);
-    std::pmr::unordered_map<int, std::pmr::string> names(&adaptor);
-    for (int i = 0; i < 1000; ++i) names.emplace(i, std::pmr::string(std::to_string(i) + " is a number long enough to allocate", &adaptor));
-    long long sum = 0;
-    for (int x : numbers) sum += x;
-    CHECK(sum == 4'999'950'000LL);
-    CHECK(names.at(999).starts_with("999 is"));
-    CHECK(adaptor.resource().usage().in_use > 400'000);
-    // 0 bytes: a valid pointer, freed like any other.
-    void* zero = adaptor.allocate(0, 8);
-    CHECK(zero != nullptr);
-    adaptor.deallocate(zero, 0, 8);
-  }
-  CHECK(upstream.outstanding_bytes() == 0);
-  CHECK(upstream.mismatches() == 0);
-}
-
-TEST_CASE("pmr_adaptor: is_equal is true only when memory from one may be freed by the other")
-{
-  host_pool a, b;
-  pmr_adaptor<ref<host_pool>> over_a{ref(a)}, also_over_a{ref(a)}, over_b{ref(b)};
-  pmr_adaptor<host_source> plain;
-  CHECK(over_a.is_equal(also_over_a));
-  CHECK(!over_a.is_equal(over_b));
-  CHECK(!over_a.is_equal(plain));
-  CHECK(!over_a.is_equal(*std::pmr::new_delete_resource()));
-  // A vector move-assigned between unequal resources must copy, and does: the element survives.
-  std::pmr::vector<int> x({1, 2, 3}, &over_a), y(&over_b);
-  y = std::move(x);
-  CHECK(y == std::pmr::vector<int>({1, 2, 3}));
-  CHECK(y.get_allocator().resource() == &over_b);
-  CHECK(b.owns(y.data()));  // copied into b's pool, not adopted from a's
-  CHECK(!a.owns(y.data()));
-}
-
-TEST_CASE("any_resource: a stack chosen at run time, passed across a non-template boundary")
-{
-  auto make = [](int choice) -> any_resource<host_accessible> {
-    if (choice == 0) return coalescing_pool<host_source>{};
-    if (choice == 1) return size_class_pool<host_source>{};
-    return statistics<host_source>{};
-  };
-  for (int choice = 0; choice < 3; ++choice) {
-    CAPTURE(choice);
-    any_resource<host_accessible> r = make(choice);
-    testing::check_conformance(r, {.max_alignment = 1 << 12, .rejects_above = 0, .host_accessible = true});
-    testing::run_random_workload(r, {.operations = 10'000, .max_live = 200, .max_alignment = 1 << 12});
-  }
-  any_resource<host_accessible> pool = coalescing_pool<host_source>{};
-  REQUIRE(pool.target<coalescing_pool<host_source>>() != nullptr);
-  CHECK(pool.target<size_class_pool<host_source>>() == nullptr);
-  void* p = pool.allocate(5000);
-  CHECK(pool.target<coalescing_pool<host_source>>()->usage().in_use == 5120);
-  any_resource<host_accessible> moved = std::move(pool);
-  CHECK(!pool);
-  // A moved-from any_resource is empty: frees ignored, allocate a usage_error, no null dereference.
-  CHECK(pool.type() == typeid(void));
-  CHECK(pool.target<coalescing_pool<host_source>>() == nullptr);
-  pool.deallocate(nullptr, 0);
-  CHECK_THROWS_WITH_AS(pool.allocate(256), doctest::Contains("any_resource: empty"), usage_error);
-  CHECK(moved.target<coalescing_pool<host_source>>()->owns(p));
-  moved.deallocate(p, 5000);
-  // Equal only when the held boxes are equal (identity for pools; all host_sources are equal).
-  any_resource<host_accessible> h1 = host_source{}, h2 = host_source{};
-  CHECK(h1 == h2);
-  CHECK(!(moved == h1));
-  // Move-assignment drops the held box and takes the other's; the source is then empty.
-  h1 = std::move(moved);
-  CHECK(h1.target<coalescing_pool<host_source>>() != nullptr);
-  CHECK(!moved);
-  CHECK_THROWS_AS(moved.allocate(1), usage_error);
-  moved = host_source{};
-  void* q = moved.allocate(100);
-  CHECK(q != nullptr);
-  moved.deallocate(q, 100);
-}
 
 TEST_CASE("cuda::mr references wrap strata boxes")
 {
