@@ -719,3 +719,57 @@ TEST_CASE("mapped_pool: an allocation and a free write the same page state for a
   CHECK(per_pair[1] == per_pair[0]);
   CHECK(per_pair[2] == per_pair[0]);
 }
+
+TEST_CASE("mapped_pool: when the live set moves, the allocations a reclaim unmaps are mapped again where needed, not released and created anew")
+{
+  pool_t pool{simulated_pages{}, {.relocate_idle = false, .persistent_reclaim_window = 0}};
+  testing::live_set live;
+  void* a = pool.allocate(256 * mib);  // two mappings of 128 MiB
+  void* b = pool.allocate(2 * mib);
+  REQUIRE(live.add({b, 2 * mib, 256}));
+  pool.deallocate(a, 256 * mib);
+  const page_counters before = pool.page_calls();
+  CHECK(before.creates == 3);
+  // 258 MiB fits no hole: mapped after b in runs of 128, 128 and 2 MiB, over the mark of 258 MiB held, so the
+  // idle 256 MiB are reclaimed first. Their two allocations are the size of two of the new runs.
+  void* c = pool.allocate(258 * mib);
+  REQUIRE(live.add({c, 258 * mib, 256}));
+  const page_counters& after = pool.page_calls();
+  CHECK(after.synchronizes == before.synchronizes + 1);
+  CHECK(after.unmaps == before.unmaps + 2);
+  CHECK(after.creates == before.creates + 1);  // the 2 MiB run only: release-then-create would make 3 ...
+  CHECK(after.releases == before.releases);    // ... and release 2
+  CHECK(after.maps == before.maps + 3);
+  CHECK(pool.physical_bytes() == 260 * mib);  // the memory held is what releasing and creating would hold
+  CHECK(pool.mappings() == 4);
+  check_against_device(pool, live);
+
+  for (auto [p, n] : {std::pair{b, 2 * mib}, std::pair{c, 258 * mib}}) pool.deallocate(p, n);
+  pool.release();
+  CHECK(pool.backend().bytes_alive() == 0);
+
+  // A map or access call refused after the reclaim: the allocation fails, the spares go back to the device
+  // (the reclaim stays done), and the pool is as before but for the idle memory it gave back.
+  for (const op which : {op::map, op::set_access}) {
+    CAPTURE(static_cast<int>(which));
+    pool_t again{simulated_pages{}, {.relocate_idle = false, .persistent_reclaim_window = 0}};
+    testing::live_set held;
+    void* first = again.allocate(256 * mib);
+    void* spacer = again.allocate(2 * mib);
+    REQUIRE(held.add({spacer, 2 * mib, 256}));
+    again.deallocate(first, 256 * mib);
+    const page_counters calls = again.page_calls();
+    const pool_figures figures = figures_of(again);
+    again.backend().fail_after(which, 0);
+    CHECK_THROWS((void)again.allocate(258 * mib));
+    check_unchanged_but_idle(figures, again);
+    check_against_device(again, held);
+    CHECK(again.physical_bytes() == 2 * mib);
+    CHECK(again.page_calls().releases == calls.releases + 2);
+    void* moved = again.allocate(258 * mib);  // nothing idle left to reclaim: three new allocations
+    REQUIRE(held.add({moved, 258 * mib, 256}));
+    CHECK(again.page_calls().creates == calls.creates + 3);
+    check_against_device(again, held);
+    for (auto [p, n] : {std::pair{spacer, 2 * mib}, std::pair{moved, 258 * mib}}) again.deallocate(p, n);
+  }
+}

@@ -37,8 +37,9 @@ struct page_span {
 };
 
 /// Cost: hold, let_go, census and unmapped_pages O(runs the span covers), plus O(log runs) per unmapped gap;
-/// a new mapping three backend calls, writing its pages' entries once and inserting it in its range's run
-/// order; reclaim one device wait and two backend calls per mapping given back (a scan of the idle queue).
+/// a new mapping three backend calls (two where it takes a spare a reclaim left), writing its pages' entries
+/// once and inserting it in its range's run order; reclaim one device wait and two backend calls per mapping
+/// given back (one where it is kept as a spare; a scan of the idle queue).
 /// Never allocates but in grow, reserve_mapping_slots, reserve_runs and reclaim, which change nothing when
 /// they throw.
 template <page_backend Backend>
@@ -299,11 +300,14 @@ public:
   /// One device wait, then idle mappings, those idle longest first, are unmapped and released until `want`
   /// bytes are gone; mappings of range `keep` touching pages [first, last] (the request being served) stay, as
   /// do those still aliased by a stale range. The wait covers every stale range: the first `stale_limit` are
-  /// unmapped now (those made by the call under way may yet be undone).
-  void reclaim(const range* keep, std::size_t first, std::size_t last, std::size_t want, std::size_t stale_limit)
+  /// unmapped now (those made by the call under way may yet be undone). With `keep_spares`, the physical
+  /// allocations unmapped are not released but kept as spares: the next mappings of the same size take them
+  /// instead of new ones (the wait made them as safe to reuse anywhere), and drop_spares releases the rest.
+  void reclaim(const range* keep, std::size_t first, std::size_t last, std::size_t want, std::size_t stale_limit, bool keep_spares = false)
   {
     std::vector<std::uint32_t> kept;
     kept.reserve(s_.mappings_live);
+    if (keep_spares) s_.spares.reserve(s_.mappings_live);
     backend_.synchronize();
     s_.stale_safe = s_.stale.size();
     unmap_safe_stale(stale_limit);
@@ -322,7 +326,8 @@ public:
           m.idle = false;
           s_.idle_bytes -= bytes_of(m);
           done += bytes_of(m);
-          release_unmapped(slot);
+          if (keep_spares) s_.spares.push_back({m.page, m.count});  // capacity reserved
+          release_unmapped(slot, /*destroy=*/!keep_spares);
         }
         ++s_.idle_head;
       }
@@ -337,6 +342,14 @@ public:
     }
   }
 
+  /// Releases the spares no new mapping took.
+  void drop_spares() noexcept
+  {
+    for (const spare& sp : s_.spares) backend_.destroy(sp.page);
+    s_.spares.clear();
+  }
+  std::size_t spare_count() const noexcept { return s_.spares.size(); }
+
   /// Unmaps the first `limit` stale ranges (a device wait since they were made), so their allocations can be
   /// released; their holders stay until mapping_relocation::tidy. Stops at a failed unmap.
   void unmap_safe_stale(std::size_t limit) noexcept
@@ -348,8 +361,15 @@ public:
 private:
   friend class mapping_relocation<Backend>;
 
+  /// A physical allocation a reclaim unmapped, kept for a mapping of its size made in the same call.
+  struct spare {
+    page_handle page{};
+    std::size_t count = 0;
+  };
+
   struct state {
     std::array<range, 2> ranges{};
+    std::vector<spare> spares;               ///< unmapped, not counted in physical; empty between calls
     std::vector<mapping> mappings;           ///< slots, recycled through free_slots
     std::vector<std::uint32_t> free_slots;
     std::vector<std::uint32_t> idle;         ///< idle mappings, oldest first from idle_head
@@ -367,16 +387,27 @@ private:
     std::size_t mappings_live = 0;
   };
 
-  /// One physical allocation behind pages [first, first + count): create, map, set access; all or nothing.
+  /// One physical allocation behind pages [first, first + count): a spare of that size or a new one, mapped,
+  /// access set; all or nothing (a spare taken goes back to the spares).
   std::uint32_t map_one(range& r, std::size_t first, std::size_t count)
   {
     const std::size_t bytes = count * page_size();
     const std::uintptr_t address = address_of(r, first);
-    const page_handle page = backend_.create(bytes);
+    const auto reused = std::find_if(s_.spares.begin(), s_.spares.end(), [&](const spare& sp) { return sp.count == count; });
+    const bool from_spare = reused != s_.spares.end();
+    const page_handle page = from_spare ? reused->page : backend_.create(bytes);
+    if (from_spare) {
+      *reused = s_.spares.back();
+      s_.spares.pop_back();
+    }
+    const auto give_up = [&]() noexcept {
+      if (from_spare) s_.spares.push_back({page, count});  // the slot it left: no allocation
+      else backend_.destroy(page);
+    };
     try {
       backend_.map(address, page, bytes);
     } catch (...) {
-      backend_.destroy(page);
+      give_up();
       throw;
     }
     try {
@@ -384,7 +415,7 @@ private:
     } catch (...) {
       try {
         backend_.unmap(address, bytes);
-        backend_.destroy(page);
+        give_up();
       } catch (...) {
         // The driver keeps the range mapped: the allocation is leaked rather than released under a mapping.
       }
@@ -426,12 +457,13 @@ private:
     release_unmapped(slot);
   }
 
-  /// The second half of dropping a mapping, once it is unmapped.
-  void release_unmapped(std::uint32_t slot) noexcept
+  /// The second half of dropping a mapping, once it is unmapped; without `destroy` its allocation is the
+  /// caller's.
+  void release_unmapped(std::uint32_t slot, bool destroy = true) noexcept
   {
     mapping& m = s_.mappings[slot];
     range& r = s_.ranges[m.band];
-    backend_.destroy(m.page);
+    if (destroy) backend_.destroy(m.page);
     set_mapping(r, m.first, m.count, no_mapping);
     remove_run(r, m.first);
     s_.physical -= bytes_of(m);
@@ -542,6 +574,7 @@ private:
         // The runtime may be gone at exit, or the device broken: nothing more can be done than unmapping.
       }
     }
+    drop_spares();
     for (stale_range& g : s_.stale)
       if (!g.unmapped) (void)unmap_stale(g);  // a refusal: as below, the process's mappings go with it
     for (mapping& m : s_.mappings) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -43,9 +44,10 @@ namespace strata {
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
 /// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the mappings the
 /// block touches (never its pages: page state is kept by runs) and a bounded placement search, each candidate
-/// O(mappings it covers + log mappings); a new mapping three driver calls, a relocation two; the host waits
-/// for the device only in a reclaim (once for a batch of mappings), in release(), when stale ranges pass
-/// `stale_address_limit`, and when the pool goes. Unsynchronized. Move-only; the ranges are reserved on first use.
+/// O(mappings it covers + log mappings); a new mapping three driver calls (two where it takes, at its size,
+/// an allocation the reclaim before it unmapped, instead of releasing that one and creating another), a
+/// relocation two; the host waits for the device only in a reclaim (once for a batch of mappings), in
+/// release(), when stale ranges pass `stale_address_limit`, and when the pool goes. Unsynchronized. Move-only; the ranges are reserved on first use.
 template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
 public:
@@ -85,7 +87,8 @@ public:
   // only at the high-water mark, mappings of 8-128 MiB. Smaller mappings follow the live set more closely at
   // more driver calls; larger ones the reverse.
 
-  explicit mapped_pool(Backend backend = Backend{}) : mapped_pool(std::move(backend), options{}) {}
+  mapped_pool() requires std::default_initializable<Backend> : mapped_pool(Backend{}, options{}) {}
+  explicit mapped_pool(Backend backend) : mapped_pool(std::move(backend), options{}) {}
   mapped_pool(Backend backend, options opts)
       : table_(std::move(backend)), opts_(checked(opts, table_.page_size())),
         budget_({.max_physical = opts.max_physical, .reclaim_slack = opts.reclaim_slack, .reclaim_slack_fraction = opts.reclaim_slack_fraction,
@@ -402,7 +405,7 @@ private:
         // reclaim. Only a reclaim that the cap needs makes the allocation fail.
         const bool for_cap = table_.physical() + needed > opts_.max_physical;
         try {
-          table_.reclaim(&r, first, last, table_.physical() + needed - budget, stale_before);
+          table_.reclaim(&r, first, last, table_.physical() + needed - budget, stale_before, /*keep_spares=*/true);
         } catch (...) {
           if (for_cap) throw;
         }
@@ -412,9 +415,11 @@ private:
         throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
       if (needed > 0) table_.map_unmapped(r, first, last, needed, max_run(), [this] { budget_.held(table_.physical()); });
     } catch (...) {
+      table_.drop_spares();
       relocation().undo(stale_before);
       throw;
     }
+    table_.drop_spares();  // the memory reclaimed that no new mapping of its size took
   }
 
   table table_;  // owns the backend and everything taken from it
