@@ -36,8 +36,6 @@ using strata::testing::spy;
 namespace {
 using host_pool = coalescing_pool<host_source>;
 using spied_pool = coalescing_pool<ref<spy<host_source>>>;
-constexpr testing::conformance_limits host_limits{.max_alignment = 1 << 16, .rejects_above = 0, .host_accessible = true};
-constexpr testing::workload small_workload{.operations = 20'000, .max_live = 300, .max_bytes = 1 << 20, .max_alignment = 1 << 12};
 } // namespace
 
 // Every adaptor is move-assignable where its boxes are (so stream_ordered<adaptor>, which assigns its policy,

@@ -22,14 +22,6 @@ using strata::testing::spy;
 namespace {
 using host_pool = coalescing_pool<host_source>;
 using so_host = stream_ordered<host_pool>;
-
-/// Every box claims the concepts of the CCCL it is compiled against with its properties, and the 3.1 names
-/// (under 3.0 too: strata::cccl's concepts ask for them there).
-template <class R, class... Properties>
-constexpr bool cccl_both_generations = cccl::synchronous_resource_with<R, Properties...> && answers_to_cccl31_names<R>;
-template <class R, class... Properties>
-constexpr bool cccl_async_both_generations =
-  cccl::stream_resource_with<R, Properties...> && answers_to_cccl31_stream_names<R>;
 } // namespace
 
 TEST_CASE("any_resource: a stack chosen at run time, passed across a non-template boundary")
