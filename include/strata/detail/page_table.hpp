@@ -196,46 +196,33 @@ public:
 
   std::size_t unmapped_pages(const range& r, std::uintptr_t start, std::size_t size) const noexcept
   {
-    std::size_t unmapped = 0;
-    for_each_piece(r, page_of(r, start), page_of(r, start + size - 1), [&](const piece& pc) {
-      if (pc.slot == no_mapping) unmapped += pc.last - pc.first + 1;
-    });
-    return unmapped;
+    const std::size_t first = page_of(r, start);
+    if (first < r.pages.size() && r.pages[first].mapping < stale_mapping) [[likely]] {  // within that mapping: no division
+      const mapping& m = s_.mappings[r.pages[first].mapping];
+      if (address_of(r, m.first + m.count) >= start + size) return 0;
+    }
+    return unmapped_in(r, first, page_of(r, start + size - 1));
   }
 
   /// Counts one more live block on pages [first, last], all mapped; their mappings stop being idle.
   void hold(range& r, std::size_t first, std::size_t last) noexcept
   {
-    for_each_piece(r, first, last, [&](const piece& pc) {
-      const std::size_t now_live = inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, 1)) +
-                                   (pc.last == last && last != first && add_edge(r, last, 1));
-      if (now_live == 0) return;
-      s_.live_pages += now_live;
-      mapping& m = s_.mappings[pc.slot];
-      if (m.busy == 0 && m.idle) {
-        m.idle = false;
-        s_.idle_bytes -= bytes_of(m);
-      }
-      m.busy += now_live;
-    });
+    if (first == last) [[likely]] {  // a block within one page
+      if (add_edge(r, first, 1)) busy_more(r.pages[first].mapping, 1);
+    } else {
+      hold_pieces(r, first, last);
+    }
     s_.peak_live_pages = std::max(s_.peak_live_pages, s_.live_pages);
   }
 
   /// Counts one live block fewer on pages [first, last]; a mapping no live block touches any more goes idle.
   void let_go(range& r, std::size_t first, std::size_t last) noexcept
   {
-    for_each_piece(r, first, last, [&](const piece& pc) {
-      const std::size_t now_free = inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, -1)) +
-                                   (pc.last == last && last != first && add_edge(r, last, -1));
-      if (now_free == 0) return;
-      s_.live_pages -= now_free;
-      mapping& m = s_.mappings[pc.slot];
-      m.busy -= now_free;
-      if (m.busy != 0) return;
-      m.idle = true;
-      s_.idle_bytes += bytes_of(m);
-      if (!m.listed) list_idle(pc.slot);
-    });
+    if (first == last) [[likely]] {
+      if (add_edge(r, first, -1)) busy_less(r.pages[first].mapping, 1);
+      return;
+    }
+    let_go_pieces(r, first, last);
   }
 
   struct page_census {
@@ -246,6 +233,11 @@ public:
   page_census census(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     page_census c;
+    if (within_one_mapping(r, first, last)) [[likely]] {
+      const mapping& m = s_.mappings[r.pages[first].mapping];
+      c.idle_bytes = m.idle ? bytes_of(m) : 0;
+      return c;
+    }
     for_each_piece(r, first, last, [&](const piece& pc) {
       if (pc.slot == no_mapping) c.unmapped += pc.last - pc.first + 1;
       else if (pc.slot != stale_mapping && s_.mappings[pc.slot].idle) c.idle_bytes += bytes_of(s_.mappings[pc.slot]);
@@ -476,6 +468,62 @@ private:
   typename std::vector<mapped_run>::const_iterator first_run_after(const range& r, std::size_t p) const noexcept
   {
     return std::upper_bound(r.runs.begin(), r.runs.end(), p, [](std::size_t page, const mapped_run& run) { return page < run.first; });
+  }
+
+  // Spans over several pages.
+  std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
+  {
+    std::size_t unmapped = 0;
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      if (pc.slot == no_mapping) unmapped += pc.last - pc.first + 1;
+    });
+    return unmapped;
+  }
+  void hold_pieces(range& r, std::size_t first, std::size_t last) noexcept
+  {
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      busy_more(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, 1)) + (pc.last == last && add_edge(r, last, 1)));
+    });
+  }
+  void let_go_pieces(range& r, std::size_t first, std::size_t last) noexcept
+  {
+    for_each_piece(r, first, last, [&](const piece& pc) {
+      busy_less(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, -1)) + (pc.last == last && add_edge(r, last, -1)));
+    });
+  }
+
+  /// Whether pages [first, last] all lie in one mapping: the common case, answered in O(1).
+  bool within_one_mapping(const range& r, std::size_t first, std::size_t last) const noexcept
+  {
+    if (first >= r.pages.size()) return false;
+    const std::uint32_t slot = r.pages[first].mapping;
+    return slot < stale_mapping && s_.mappings[slot].first + s_.mappings[slot].count > last;
+  }
+
+  /// `pages` more pages of mapping `slot` touched by a live block; it stops being idle.
+  void busy_more(std::uint32_t slot, std::size_t pages) noexcept
+  {
+    if (pages == 0) return;
+    s_.live_pages += pages;
+    mapping& m = s_.mappings[slot];
+    if (m.busy == 0 && m.idle) {
+      m.idle = false;
+      s_.idle_bytes -= bytes_of(m);
+    }
+    m.busy += pages;
+  }
+
+  /// `pages` pages of mapping `slot` no longer touched by a live block; with none left, it goes idle.
+  void busy_less(std::uint32_t slot, std::size_t pages) noexcept
+  {
+    if (pages == 0) return;
+    s_.live_pages -= pages;
+    mapping& m = s_.mappings[slot];
+    m.busy -= pages;
+    if (m.busy != 0) return;
+    m.idle = true;
+    s_.idle_bytes += bytes_of(m);
+    if (!m.listed) list_idle(slot);
   }
 
   /// Pages of the piece strictly inside the block [first, last]: touched by that block alone.
