@@ -1,4 +1,4 @@
-// coalescing_pool under host allocation failures (issue 14 item 6), with the shared injector of
+// coalescing_pool under host allocation failures, with the shared injector of
 // support/fault_injection.hpp: every allocate of a long random workload is retried with its N-th host
 // allocation failing, for every N, and after each failure the pool and its upstream are exactly as before.
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// strata-plan and tools/replay (issue 18): the trace reader's checks, capacity parsing, the capacity search,
+// strata-plan and tools/replay: the trace reader's checks, capacity parsing, the capacity search,
 // the PyTorch caching allocator model and the JSON report.
 #include <doctest/doctest.h>
 

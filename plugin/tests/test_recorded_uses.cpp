@@ -201,7 +201,7 @@ TEST_CASE("recorded_uses: events are reused, and destroy() gives every one back"
 
 TEST_CASE("recorded_uses: reap asks one event per stream with work pending, and still frees what is done")
 {
-  // Issue 15: the plug-in reaps at every allocation; asking every held block's events each time cost an event
+  // The plug-in reaps at every allocation; asking every held block's events each time cost an event
   // query per held block per allocation. Events on one stream complete in order, so after b's first pending
   // event the later blocks waiting on b need no query.
   fixture f;

@@ -141,7 +141,7 @@ class EnableLogic(unittest.TestCase):
         self.assertTrue(out["enabled"])
 
     def test_hooks_library_is_wired_even_when_python_sets_the_hooks(self):
-        # The device run of issue 15: PyTorch 2.11 offers the setters to Python, the hooks library was never
+        # On the device machine: PyTorch 2.11 offers the setters to Python, the hooks library was never
         # loaded, so its out-of-memory handler was never installed and OOM arrived as a RuntimeError.
         out = self.scenario(
             "r = outcome(lambda: strata_torch.enable('stack=simulated'))\n"

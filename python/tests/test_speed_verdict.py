@@ -1,4 +1,4 @@
-"""tests/device/torch/speed_verdict.py, the summary behind issue 15's speed verdict: pure Python, hand-made runs."""
+"""tests/device/torch/speed_verdict.py, the summary behind the plug-in's speed verdict: pure Python, hand-made runs."""
 
 import importlib.util
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA-graph tests (issue 17 item 4) on a GPU machine, with every log under $OUT (default ./out-graphs).
+# The CUDA-graph tests on a GPU machine, with every log under $OUT (default ./out-graphs).
 #   tests/device/graphs.sh          (from the repository root; needs nvcc, g++ and a GPU)
 # Builds with nvcc/g++ directly (no CMake): the GPU tests tests/gpu/test_graphs.cu (doctest filter
 # 'graphs:*', the same cases strata_gpu_tests runs with -tc='graphs:*'), and the host tests of the private

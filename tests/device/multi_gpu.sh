@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two-GPU checks of issue 17 (items 1, 2, 3, 5), for the device machine (nvidia-h200-x2):
+# The two-GPU checks, for the device machine (nvidia-h200-x2):
 #   tests/device/multi_gpu.sh [all|build|run] [BUILD_DIR]     (run from anywhere)
 # `all` (the default) configures, builds and runs; `build` and `run` split that in two commands when one
 # command may not last long enough (the build folder, build-multi-gpu by default, is git-ignored and kept

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's PyTorch/CuPy checks on a GPU machine (PyTorch 2.11, CuPy 14, CUDA 13, no network needed).
+# The PyTorch/CuPy checks on a GPU machine (PyTorch 2.11, CuPy 14, CUDA 13, no network needed).
 #   bash tests/device/torch.sh            # builds the plug-in with CMake, uses it via STRATA_ALLOC_LIBRARY
 #   STRATA_PY_INSTALL=pip bash tests/device/torch.sh   # instead: pip install --no-build-isolation --no-deps .
 #   ONLY=unit,correctness,perf bash tests/device/torch.sh   # a subset of unit,correctness,perf,oom,examples,memcheck

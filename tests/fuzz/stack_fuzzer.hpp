@@ -16,6 +16,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <new>
 #include <optional>
 #include <random>
@@ -113,7 +114,8 @@ struct live {
 } // namespace fuzz_detail
 
 /// Runs `cfg.operations` random steps (or until the input ends) on the stack `make(world)` builds.
-/// A refused call changes no figure but two documented ones, which may only fall: a mapped_pool hands idle
+/// A call refused for bad input changes nothing. One refused for want of memory changes no figure but two
+/// documented ones, which may only fall: a mapped_pool hands idle
 /// mappings back to the device before it refuses (as release() would), and stream_ordered returns the blocks
 /// its streams have freed to the policy before the policy is asked (a policy may hand free memory back as it
 /// takes them). So in those stacks reserved and the upstream's holding may fall on a refused call, never rise;
@@ -132,9 +134,10 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   fuzz_hooks hooks;
   fuzz_world w{upstream, world, devices, hooks};
 
-  std::optional<Stack> slot_a, slot_b;
-  slot_a.emplace(make(w));
-  Stack* stack = &*slot_a;
+  // Boxes live on the heap, not in std::optional: optional asks whether a box is default-constructible,
+  // which for some stacks is not a question a compiler may answer.
+  std::unique_ptr<Stack> slot_a(new Stack(make(w))), slot_b;
+  Stack* stack = slot_a.get();
   std::map<std::uintptr_t, live> blocks;
   std::vector<cuda::stream_ref> streams{world.create(), world.create(), world.create()};
   bool in_callback_free = false;
@@ -225,13 +228,15 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     callback_freed = 0;
     void* p = nullptr;
     const auto described = [&] { return "allocate(" + std::to_string(bytes) + ", " + std::to_string(alignment) + ")"; };
-    auto unchanged = [&](const char* how) {
+    // Bad input is refused before anything moves; only out of memory may have handed free memory back.
+    auto unchanged = [&](const char* how, bool out_of_memory) {
       if (callback_freed != 0) return;  // the callback freed blocks: the figures moved by design
-      if (held() != held_before && !(refusal_hands_back_idle && held() < held_before))
+      const bool may_fall = out_of_memory && refusal_hands_back_idle;
+      if (held() != held_before && !(may_fall && held() < held_before))
         fail(described() + " " + how + " but the upstream's holding moved from " + std::to_string(held_before) + " to " + std::to_string(held()));
       if constexpr (reports_usage<Stack>) {
         const auto after = stack->usage();
-        const bool reserved_kept = after.reserved == before->reserved || (refusal_hands_back_idle && after.reserved < before->reserved);
+        const bool reserved_kept = after.reserved == before->reserved || (may_fall && after.reserved < before->reserved);
         if (after.in_use != before->in_use || !reserved_kept)
           fail(described() + " " + how + " but in_use/reserved moved from " + std::to_string(before->in_use) + "/" +
                std::to_string(before->reserved) + " to " + std::to_string(after.in_use) + "/" + std::to_string(after.reserved));
@@ -244,7 +249,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
       upstream.refuse_nothing();
       ++report.bad_alignments;
       if (!bad_alignment && alignment <= default_alignment) fail(described() + " threw invalid_argument for an alignment every box honours");
-      unchanged("threw invalid_argument");
+      unchanged("threw invalid_argument", false);
       return;
     } catch (const std::bad_alloc&) {
       upstream.refuse_nothing();
@@ -252,7 +257,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
       if (bad_alignment && bytes != 0) fail(described() + ": an alignment that is not a power of two reported as out of memory");
       if (alignment > (std::size_t{1} << 30) && bytes <= (std::size_t{1} << 20))
         fail(described() + ": an alignment no box honours reported as out of memory");
-      unchanged("threw out_of_memory");
+      unchanged("threw out_of_memory", true);
       return;
     } catch (const std::exception& e) {
       upstream.refuse_nothing();
@@ -293,13 +298,13 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
 
   auto move_around = [&] {
     if constexpr (std::is_move_constructible_v<Stack>) {
-      std::optional<Stack>& from = stack == &*slot_a ? slot_a : slot_b;
-      std::optional<Stack>& to = stack == &*slot_a ? slot_b : slot_a;
+      std::unique_ptr<Stack>& from = stack == slot_a.get() ? slot_a : slot_b;
+      std::unique_ptr<Stack>& to = stack == slot_a.get() ? slot_b : slot_a;
       const std::size_t held_before = held();
       if constexpr (std::is_move_assignable_v<Stack>) {
         if (rnd.chance(50)) {
           // Assign over a box that holds memory of its own: that memory must go back.
-          to.emplace(make(w));
+          to.reset(new Stack(make(w)));
           try {
             (void)to->allocate(4096);
           } catch (const std::bad_alloc&) {
@@ -307,13 +312,13 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
           *to = std::move(*from);
           if (held() != held_before) fail("a move assignment kept the assigned-to box's memory: upstream holds " + std::to_string(held()) + ", was " + std::to_string(held_before));
         } else {
-          to.emplace(std::move(*from));
+          to.reset(new Stack(std::move(*from)));
         }
       } else {
-        to.emplace(std::move(*from));
+        to.reset(new Stack(std::move(*from)));
       }
       if (held() != held_before) fail("a move changed what the upstream holds");
-      stack = &*to;
+      stack = to.get();
       if constexpr (reports_usage<Stack>) {
         if (from->usage().reserved != 0 || from->usage().in_use != 0) fail("a moved-from box reports memory");
       }

@@ -139,3 +139,29 @@ TEST_CASE("retry_on_oom over a pool: a move assignment after the callback freed 
   CHECK(b.usage().reserved == 0);
   CHECK(b.upstream().upstream().allocated_bytes() == 0);
 }
+
+#include <optional>
+
+#include <strata/adaptor/checked.hpp>
+#include <strata/adaptor/segregator.hpp>
+#include <strata/adaptor/statistics.hpp>
+#include <strata/source/host_source.hpp>
+
+// Whether a stack is default-constructible is a question with an answer (std::optional and containers ask
+// it), never a compile error, whatever sits at the bottom.
+using over_reference = strata::checked<strata::statistics<coalescing_pool<ref<adversarial_source>>>>;
+static_assert(!std::is_default_constructible_v<over_reference>);
+static_assert(!std::is_default_constructible_v<strata::segregator<4096, coalescing_pool<ref<adversarial_source>>, coalescing_pool<strata::host_source>>>);
+static_assert(std::is_default_constructible_v<strata::checked<coalescing_pool<strata::host_source>>>);
+
+TEST_CASE("a stack over a reference to its upstream lives in std::optional")
+{
+  adversarial_source upstream(std::size_t{1} << 30);
+  std::optional<over_reference> box;
+  box.emplace(strata::statistics<coalescing_pool<ref<adversarial_source>>>(coalescing_pool<ref<adversarial_source>>(ref(upstream))));
+  void* p = box->allocate(1000);
+  CHECK(upstream.live_bytes() > 0);
+  box->deallocate(p, 1000);
+  box.reset();
+  CHECK(upstream.live_bytes() == 0);
+}

@@ -1,4 +1,4 @@
-// stream_ordered's private pools on a real GPU (issue 17 item 4): a step that allocates, launches kernels and
+// stream_ordered's private pools on a real GPU: a step that allocates, launches kernels and
 // frees is captured into a CUDA graph through stream_ordered<coalescing_pool<device_source>> and through
 // default_pool; it is replayed 1,000 times with its result checked after each, with uncaptured work on the
 // same pool between replays (and concurrently with them) that must never get the graph's memory; destroying

@@ -1,4 +1,4 @@
-// Two devices (issue 17 items 1 and 2): per_device routing on real GPUs, frees made while another device is
+// Two devices: per_device routing on real GPUs, frees made while another device is
 // current, every source allocating on its own device whatever is current, and peer reads and writes through
 // each pool kind. Each test skips with a message on a machine with one device (a failure under
 // STRATA_REQUIRE_GPU=2); the bad-peer tests run on one device too.

@@ -170,7 +170,7 @@ TEST_CASE("stream_ordered conforms (synchronous path on the simulated default st
 
 TEST_CASE("stream_ordered: with one stream the policy sees exactly the calls it would see alone")
 {
-  // Issue 13: the layer must cost no memory. The same random single-stream workload through the bare pool and
+  // The layer must cost no memory. The same random single-stream workload through the bare pool and
   // through the layer: the same addresses, the same upstream calls, the same peak.
   auto run = [](auto&& allocate, auto&& deallocate) {
     std::mt19937_64 rng(7);

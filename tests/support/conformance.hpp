@@ -1,7 +1,7 @@
 #pragma once
 // The conformance suite every strata resource instantiates in a few lines:
 //   TEST_CASE("host_source conforms") { host_source r; check_conformance(r, {.max_alignment = 1 << 20}); }
-// It checks the rules of DESIGN.md that hold for every box: alignment for every power of two it claims,
+// It checks the rules of docs/architecture.md that hold for every box: alignment for every power of two it claims,
 // sizes 0/1/odd/huge, bad alignments rejected, out-of-memory leaving it usable, equality, properties.
 #include <doctest/doctest.h>
 

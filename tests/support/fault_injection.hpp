@@ -1,6 +1,6 @@
 #pragma once
 // The fault injector: replays one small random workload against a box once for every place it can fail, and
-// checks DESIGN.md's rule 3 there: after any exception the box's usage() and its upstream's outstanding count
+// checks rule 4 of docs/architecture.md there: after any exception the box's usage() and its upstream's outstanding count
 // are exactly what they were, nothing leaked, and the box goes on working.
 // Two kinds of fault:
 //  - the upstream refuses its N-th allocate call (a spy's refuse_call), for every N the clean run makes;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The viewer's pages in headless Chromium (issue 18): a strata-plan report (the committed fixture: 2 traces
+# The viewer's pages in headless Chromium: a strata-plan report (the committed fixture: 2 traces
 # x 3 stacks, 4,000-point timelines the page must downsample itself, a map of more than 1,000 blocks), a real
 # snapshot written by strata's own pool, and the speed check (400,000 timeline points per stack, a
 # 20,000-block map, ready in under 5 s). Each page must report data-rendered=ok, no script error and the

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <cstddef>
 #include <bit>
 #include <cstdint>
@@ -58,7 +59,8 @@ public:
     std::function<void(const std::string&)> on_leaks = [](const std::string& report) { std::cerr << report; };
   };
 
-  explicit checked(Upstream upstream = Upstream{}, options opts = options{})
+  checked() requires std::default_initializable<Upstream> : checked(Upstream{}) {}
+  explicit checked(Upstream upstream, options opts = options{})
       : upstream_(std::move(upstream)), opts_(std::move(opts))
   {}
   checked(checked&& other) noexcept

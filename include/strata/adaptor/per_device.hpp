@@ -69,7 +69,9 @@ public:
   static constexpr std::size_t max_alignment = max_alignment_of<Stack>;
 
   /// Asks the backend how many devices there are (cudaGetDeviceCount); builds no stack.
-  explicit per_device(Factory factory = Factory{}, Devices devices = Devices{})
+  per_device() requires std::default_initializable<Factory> && std::default_initializable<Devices> : per_device(Factory{}, Devices{}) {}
+  explicit per_device(Factory factory) requires std::default_initializable<Devices> : per_device(std::move(factory), Devices{}) {}
+  per_device(Factory factory, Devices devices)
       : factory_(std::move(factory)), devices_(std::move(devices)), count_(devices_.count()),
         slots_(std::make_unique<slot[]>(static_cast<std::size_t>(count_)))
   {}

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -95,7 +96,8 @@ public:
     bool read_mostly = false;                ///< cudaMemAdviseSetReadMostly
   };
 
-  explicit prefetch(Upstream upstream = Upstream{}, options opts = options{}) : upstream_(std::move(upstream)), opts_(opts)
+  prefetch() requires std::default_initializable<Upstream> : prefetch(Upstream{}) {}
+  explicit prefetch(Upstream upstream, options opts = options{}) : upstream_(std::move(upstream)), opts_(opts)
   {
     int device = 0;
     detail::cuda_check(cudaGetDevice(&device), "cudaGetDevice");

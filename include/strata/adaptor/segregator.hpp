@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -31,7 +32,9 @@ public:
   using names::deallocate;
   static constexpr std::size_t threshold = Threshold;
 
-  segregator(Small small = Small{}, Large large = Large{}) : small_(std::move(small)), large_(std::move(large)) {}
+  segregator() requires std::default_initializable<Small> && std::default_initializable<Large> : segregator(Small{}, Large{}) {}
+  segregator(Small small) requires std::default_initializable<Large> : segregator(std::move(small), Large{}) {}
+  segregator(Small small, Large large) : small_(std::move(small)), large_(std::move(large)) {}
   segregator(segregator&&) noexcept = default;
   segregator& operator=(segregator&&) noexcept(std::is_nothrow_move_assignable_v<Small> &&
                                                std::is_nothrow_move_assignable_v<Large>) = default;

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -74,7 +75,8 @@ public:
     std::size_t outer_peak_;
   };
 
-  explicit statistics(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
+  statistics() requires std::default_initializable<Upstream> : statistics(Upstream{}) {}
+  explicit statistics(Upstream upstream) : upstream_(std::move(upstream)) {}
   statistics(statistics&& other) noexcept : upstream_(std::move(other.upstream_)) { take(other); }
   statistics& operator=(statistics&& other) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
     requires std::is_move_assignable_v<Upstream>

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <cstddef>
 #include <mutex>
 #include <type_traits>
@@ -31,7 +32,8 @@ public:
   using stream_first_names<synchronized, stream_resource<Upstream>>::allocate;
   using stream_first_names<synchronized, stream_resource<Upstream>>::deallocate;
 
-  explicit synchronized(Upstream upstream = Upstream{}) : upstream_(std::move(upstream)) {}
+  synchronized() requires std::default_initializable<Upstream> : synchronized(Upstream{}) {}
+  explicit synchronized(Upstream upstream) : upstream_(std::move(upstream)) {}
   synchronized(synchronized&& other) noexcept : upstream_(std::move(other.upstream_)) {}
   synchronized& operator=(synchronized&& other) noexcept(std::is_nothrow_move_assignable_v<Upstream>)
     requires std::is_move_assignable_v<Upstream>

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -53,7 +54,8 @@ public:
     std::size_t max_bytes_per_class = std::size_t{1} << 20;  ///< per thread: a class caches at most this much
   };
 
-  explicit thread_cached(Upstream upstream = Upstream{}, options opts = options{})
+  thread_cached() requires std::default_initializable<Upstream> : thread_cached(Upstream{}) {}
+  explicit thread_cached(Upstream upstream, options opts = options{})
       : core_(std::make_unique<core>(std::move(upstream), opts))
   {
     core_->opts.max_block = std::min(core_->opts.max_block, largest_class);

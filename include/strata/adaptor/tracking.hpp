@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +71,8 @@ public:
     std::size_t previous_ = 0;
   };
 
-  explicit tracking(Upstream upstream = Upstream{}, options opts = {}) : upstream_(std::move(upstream)), opts_(opts)
+  tracking() requires std::default_initializable<Upstream> : tracking(Upstream{}) {}
+  explicit tracking(Upstream upstream, options opts = {}) : upstream_(std::move(upstream)), opts_(opts)
   {
     tags_.emplace_back();
   }

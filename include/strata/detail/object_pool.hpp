@@ -1,6 +1,6 @@
 #pragma once
 // Host-side nodes for a pool's bookkeeping (block headers live here, never in the memory handed out:
-// DESIGN.md rule 1). Nodes come from slabs of 256 and are recycled through a free list: O(1), no malloc on
+// docs/architecture.md, rule 1). Nodes come from slabs of 256 and are recycled through a free list: O(1), no malloc on
 // the hot path once warm. The free list's capacity always covers every node, so recycle() never allocates
 // (it is noexcept); make() that throws changes nothing.
 #include <cstddef>

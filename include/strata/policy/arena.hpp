@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -45,7 +46,8 @@ public:
     std::size_t live_bytes;
   };
 
-  explicit arena(Upstream upstream = Upstream{}) : arena(std::move(upstream), options{}) {}
+  arena() requires std::default_initializable<Upstream> : arena(Upstream{}, options{}) {}
+  explicit arena(Upstream upstream) : arena(std::move(upstream), options{}) {}
   arena(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts), next_chunk_(opts.initial_chunk)
   {
     if (opts.initial_chunk == 0 || opts.growth_factor == 0)

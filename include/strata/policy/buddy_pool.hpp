@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -45,7 +46,8 @@ public:
     std::size_t region_size = std::size_t{1} << 30;
   };
 
-  explicit buddy_pool(Upstream upstream = Upstream{}) : buddy_pool(std::move(upstream), options{}) {}
+  buddy_pool() requires std::default_initializable<Upstream> : buddy_pool(Upstream{}, options{}) {}
+  explicit buddy_pool(Upstream upstream) : buddy_pool(std::move(upstream), options{}) {}
   buddy_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts)
   {
     if (!std::has_single_bit(opts.min_block) || opts.min_block < default_alignment || !std::has_single_bit(opts.region_size) ||

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -60,7 +61,8 @@ public:
     bool return_free_chunks = true;                    ///< hand wholly free chunks back before growing
   };
 
-  explicit coalescing_pool(Upstream upstream = Upstream{}) : coalescing_pool(std::move(upstream), options{}) {}
+  coalescing_pool() requires std::default_initializable<Upstream> : coalescing_pool(Upstream{}, options{}) {}
+  explicit coalescing_pool(Upstream upstream) : coalescing_pool(std::move(upstream), options{}) {}
   coalescing_pool(Upstream upstream, options opts) : chunks_(std::move(upstream)), opts_(opts)
   {
     if (opts.initial_chunk == 0 || opts.max_chunk == 0 || !(opts.growth_factor >= 1.0))

@@ -1,4 +1,5 @@
 #pragma once
+#include <concepts>
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -50,7 +51,8 @@ public:
     std::size_t chunk_size = std::max(std::size_t{2} << 20, 2 * LargestClass);
   };
 
-  explicit size_class_pool(Upstream upstream = Upstream{}) : size_class_pool(std::move(upstream), options{}) {}
+  size_class_pool() requires std::default_initializable<Upstream> : size_class_pool(Upstream{}, options{}) {}
+  explicit size_class_pool(Upstream upstream) : size_class_pool(std::move(upstream), options{}) {}
   size_class_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), opts_(opts)
   {
     if (!std::has_single_bit(opts.chunk_size) || opts.chunk_size < LargestClass)

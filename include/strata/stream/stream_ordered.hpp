@@ -1,15 +1,12 @@
 #pragma once
-#include <algorithm>
 #include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <string>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
 #include <strata/core/alignment.hpp>
 #include <strata/core/archetype.hpp>
@@ -96,6 +93,11 @@ public:
     /// (PyTorch's side streams with record_stream): the plug-in sets it. Events stay on while a capture may be
     /// under way (no host wait is allowed then).
     std::size_t owner_cover_window = SIZE_MAX;
+    /// Checked before anything is built, so a refused constructor leaves nothing half made.
+    void check() const
+    {
+      if (frees_per_event == 0 || bytes_per_event == 0 || sync_frees_per_wait == 0) throw std::invalid_argument("stream_ordered: frees_per_event, bytes_per_event and sync_frees_per_wait must be positive");
+    }
   };
 
   /// What the layer did, for tuning and tests.
@@ -119,15 +121,10 @@ public:
 
   stream_ordered() requires std::default_initializable<Policy> && std::default_initializable<Backend> : stream_ordered(Policy{}) {}
   explicit stream_ordered(Policy policy, options opts = options{}) requires std::default_initializable<Backend>
-      : stream_ordered(std::move(policy), opts, Backend{})
-  {}
+      : stream_ordered(std::move(policy), opts, Backend{}) {}
   explicit stream_ordered(Policy policy, options opts, Backend backend)
-      : m_{.policy = std::move(policy), .backend = std::move(backend), .opts = opts}
-  {
-    m_.policy_device = detail::resource_device(m_.policy);
-    if (opts.frees_per_event == 0 || opts.bytes_per_event == 0 || opts.sync_frees_per_wait == 0)
-      throw std::invalid_argument("stream_ordered: frees_per_event, bytes_per_event and sync_frees_per_wait must be positive");
-  }
+      : m_{.policy = (opts.check(), std::move(policy)), .backend = std::move(backend), .opts = opts}
+  { m_.policy_device = detail::resource_device(m_.policy); }
 
   /// A move hands every block, event and pool over; the moved-from layer is empty.
   stream_ordered(stream_ordered&&) noexcept = default;

@@ -1,4 +1,4 @@
-"""Every PyTorch/CuPy device check of issue 15, each part its own process with a time limit. Prints one
+"""Every PyTorch/CuPy device check, each part its own process with a time limit. Prints one
 PASS/FAIL/SKIP line per check, writes results.json, memory.md and log.txt under --out, and exits non-zero
 if any check failed. Run through tests/device/torch.sh, which builds the plug-in first.
 """

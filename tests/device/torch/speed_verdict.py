@@ -2,7 +2,7 @@
 """Summarizes speed_verdict.sh's runs: per model, the same-round ratio strata/native over interleaved rounds.
 
 Each process's speed is its measured steps over its measured time (the harmonic mean of its windows' steps/s).
-The verdict per model: the median of the rounds' ratios at least 0.98 (issue 15: within 2% of native), with
+The verdict per model: the median of the rounds' ratios at least 0.98 (within 2% of native), with
 the range and both allocators' medians printed beside it, and rounds that failed or were not run counted.
     python3 speed_verdict.py runs.jsonl [more.jsonl ...] [--markdown verdict.md]
 Exits 1 when a model misses, 2 when a model has no complete round.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15's speed check with a verdict the noise cannot decide: one process per allocator gave 0.95-1.08x on
-# the same code between runs, and two native processes differed by 9%. Here each model trains in ROUNDS rounds,
+# The plug-in's speed check with a verdict the noise cannot decide: one process per allocator varies between
+# runs of the same code by more than the effect measured, even two native processes. Here each model trains in ROUNDS rounds,
 # each round one native and one strata process back to back, the order alternating round by round (so drift
 # over the run hits both alike). speed_verdict.py then reports, per model, the median over rounds of the
 # same-round ratio strata/native, its range, and each allocator's median steps/s.

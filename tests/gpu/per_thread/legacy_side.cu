@@ -1,5 +1,5 @@
 // Compiled WITHOUT --default-stream per-thread, linked into a program whose main.cu is compiled with it: the
-// same library functions, instantiated in both modes, must stay distinct (issue 14 item 3).
+// same library functions, instantiated in both modes, must stay distinct.
 #include <cstdint>
 
 #include <strata/policy/coalescing_pool.hpp>

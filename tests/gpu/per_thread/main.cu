@@ -1,6 +1,6 @@
 // Built with `nvcc --default-stream per-thread` (legacy_side.cu beside it without): handle 0 means the calling
 // thread's per-thread default stream here and the legacy stream there, and strata must honour each file's
-// meaning (no inline function compiled both ways: issue 14 item 3). Also: an identified_stream made from
+// meaning (no inline function compiled both ways). Also: an identified_stream made from
 // cudaStreamPerThread on one thread and used on another files its frees under the stream of the thread that
 // uses it. Exits 77 without a GPU (reported as skipped), 1 on a failed check.
 #include <cstdint>
