@@ -176,7 +176,7 @@ public:
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
-    if (bytes == 0) return nullptr;
+    if (bytes == 0) return m_.policy.allocate(0, alignment);  // null, once the policy has checked the alignment
     collect_released_pools();
     this->refuse_host_wait_under_capture();  // as cudaMalloc is refused under global capture: it may have to wait
     const cuda::stream_ref legacy{cudaStreamLegacy};
@@ -341,7 +341,7 @@ private:
   void* allocate_ordered(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id)
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
-    if (bytes == 0) return nullptr;
+    if (bytes == 0) return m_.policy.allocate(0, alignment);  // null, once the policy has checked the alignment
     collect_released_pools();
     if (bytes > largest_cached) return m_.policy.allocate(bytes, alignment);  // fails there, naming the policy
     const shape sh = shape_of(bytes, alignment);
