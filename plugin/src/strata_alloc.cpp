@@ -496,19 +496,7 @@ void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream)
 void strata_free(void* ptr, size_t size, int device, cudaStream_t stream)
 {
   if (ptr == nullptr) return;
-  device_slot* s = built_slot(device);
-  if (s == nullptr) {
-    set_error("free", "device " + std::to_string(device) + " has no stack: the pointer is not strata's (leaked, not freed)");
-    return;
-  }
-  std::lock_guard lock(*s->mutex);
-  try {
-    device_scope on(*s, device);
-    free_locked(*s, ptr, size, stream);
-  } catch (const std::exception& e) {  // the device could not be made current: free anyway
-    set_error("free", e);
-    free_locked(*s, ptr, size, stream);
-  }
+  strata_free_observed(ptr, size, device, stream, nullptr);
 }
 
 void strata_init(int /*device_count*/)
