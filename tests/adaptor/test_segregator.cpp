@@ -30,16 +30,12 @@
 #include <strata/stream/stream_ordered.hpp>
 #include "support/conformance.hpp"
 #include "support/spy.hpp"
+#include "adaptor/adaptor_fixtures.hpp"
 
 using namespace strata;
 using strata::testing::spy;
 
-namespace {
-using host_pool = coalescing_pool<host_source>;
-using spied_pool = coalescing_pool<ref<spy<host_source>>>;
-constexpr testing::conformance_limits host_limits{.max_alignment = 1 << 16, .rejects_above = 0, .host_accessible = true};
-constexpr testing::workload small_workload{.operations = 20'000, .max_live = 300, .max_bytes = 1 << 20, .max_alignment = 1 << 12};
-} // namespace
+using namespace strata::testing::adaptor_fixtures;
 
 static_assert(sized_resource<segregator<4096, size_class_pool<host_source>, host_pool>>);
 static_assert(!sized_resource<segregator<4096, host_source, host_pool>>);
