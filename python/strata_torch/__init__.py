@@ -141,20 +141,24 @@ def _chosen_backend(backend):
     return backend
 
 
+def _hooks_function(name, failure):
+    """(library, function, None) for `name` in libstrata_torch_hooks.so beside the loaded libstrata_alloc.so, or
+    (None, None, why) naming the missing file or symbol; `failure` words the second case."""
+    lib = _library.load()
+    path = _library.hooks_library_path(lib.path)
+    if path is None:
+        return None, None, f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
+    try:
+        hooks_lib = ctypes.CDLL(path)
+        return hooks_lib, getattr(hooks_lib, name), None
+    except (OSError, AttributeError) as e:
+        return None, None, f"{path} {failure}: {e}"
+
+
 def _backend_installer(required):
     """libstrata_torch_hooks.so's strata_torch_install_backend, or None (with the reason) where the library is
     missing or predates the backend. required: raise instead of returning None."""
-    lib = _library.load()
-    path = _library.hooks_library_path(lib.path)
-    why = None
-    if path is None:
-        why = f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
-    else:
-        try:
-            hooks_lib = ctypes.CDLL(path)
-            install = hooks_lib.strata_torch_install_backend
-        except (OSError, AttributeError) as e:
-            why = f"{path} offers no strata backend: {e}"
+    hooks_lib, install, why = _hooks_function("strata_torch_install_backend", "offers no strata backend")
     if why is not None:
         if required:
             raise RuntimeError(f"strata_torch.enable(backend='strata'): {why}. Build it where PyTorch is installed "
@@ -242,17 +246,7 @@ def _hooks_library_wire(required, hooks_set_from_python=False):
     plug-in's out-of-memory handler that throws c10::OutOfMemoryError. Returns that function, loaded now (so a
     missing or broken library fails before the allocator is swapped), to be called after the swap.
     With the hooks already set from Python, a missing library costs only the error's type: a warning."""
-    lib = _library.load()
-    path = _library.hooks_library_path(lib.path)
-    problem = None
-    if path is None:
-        problem = f"{_library.HOOKS_LIBRARY_NAME} was not found beside {lib.path}"
-    else:
-        try:
-            hooks_lib = ctypes.CDLL(path)
-            wire = hooks_lib.strata_torch_wire_hooks
-        except (OSError, AttributeError) as e:
-            problem = f"{path} does not load: {e}"
+    hooks_lib, wire, problem = _hooks_function("strata_torch_wire_hooks", "does not load")
     if problem is not None and hooks_set_from_python:
         warnings.warn(f"strata_torch: {problem}; out of memory under strata will then raise RuntimeError, not "
                       "torch.OutOfMemoryError. Build it where PyTorch is installed (CMAKE_PREFIX_PATH="
