@@ -2,7 +2,7 @@
 """Summarizes speed_verdict.sh's runs: per model, the same-round ratio strata/native over interleaved rounds.
 
 Each process's speed is its measured steps over its measured time (the harmonic mean of its windows' steps/s).
-The verdict per model: the median of the rounds' ratios at least 0.98 (within 2% of native), with
+The verdict per model: the median of the rounds' ratios at least 0.99 (within 1% of native), with
 the range and both allocators' medians printed beside it, and rounds that failed or were not run counted.
     python3 speed_verdict.py runs.jsonl [more.jsonl ...] [--markdown verdict.md]
 Exits 1 when a model misses, 2 when a model has no complete round.
@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 
-THRESHOLD = 0.98
+THRESHOLD = 0.99
 
 
 def rate(steps_per_s):
@@ -63,7 +63,7 @@ def lines(summary):
 
 
 def markdown(summary):
-    rows = ["| workload | rounds | strata / native, median | range | rounds >= 0.98 | native steps/s (median, max/min) | strata steps/s |",
+    rows = ["| workload | rounds | strata / native, median | range | rounds >= 0.99 | native steps/s (median, max/min) | strata steps/s |",
             "| --- | ---: | ---: | --- | ---: | --- | ---: |"]
     for model, s in summary.items():
         if s["rounds"]:

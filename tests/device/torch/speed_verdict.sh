@@ -5,7 +5,8 @@
 # over the run hits both alike). speed_verdict.py then reports, per model, the median over rounds of the
 # same-round ratio strata/native, its range, and each allocator's median steps/s.
 #   ROUNDS=6 MODELS="gpt2_varlen gpt2 resnet18" OUT=/tmp/strata-speed bash tests/device/torch/speed_verdict.sh
-# CONF: the plug-in's configuration (default: empty, the plug-in's defaults). STEPS: steps per process (48; the
+# COMPILE=1: every model through torch.compile (reported as MODEL+compile). CONF: the plug-in's configuration
+# (default: empty, the plug-in's defaults). STEPS: steps per process (48; the
 # first 8 warm up). BUDGET_S: no round starts after this many seconds (default 540); rounds not run are counted.
 # Writes $OUT/runs.jsonl (a line per process) and $OUT/verdict.md; prints the verdict lines.
 set -u
@@ -25,12 +26,13 @@ strata_build_plugin "$OUT/build.txt" || { echo "FAIL build: the plug-in did not 
 one() {
   local extra=()
   [ "$2" = strata ] && [ -n "$CONF" ] && extra=(--conf "$CONF")
+  [ -n "${COMPILE:-}" ] && extra+=(--compile)
   python3 tests/device/torch/train.py --model "$1" --alloc "$2" --mode perf --steps "$STEPS" "${extra[@]}" \
     2>>"$OUT/err.txt" | tail -1 > "$OUT/last.json"
   python3 - "$OUT/last.json" "$3" >> "$OUT/runs.jsonl" <<'PY' || echo "{\"model\": \"$1\", \"alloc\": \"$2\", \"round\": $3, \"failed\": true}" >> "$OUT/runs.jsonl"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(json.dumps({"model": d["model"], "alloc": d["alloc"], "round": int(sys.argv[2]), "conf": d.get("conf", ""),
+print(json.dumps({"model": d["model"] + ("+compile" if d.get("compile") else ""), "alloc": d["alloc"], "round": int(sys.argv[2]), "conf": d.get("conf", ""),
                   "steps_per_s": d["steps_per_s"], "peak_reserved": d["peak_reserved"],
                   "peak_allocated": d["peak_allocated"]}))
 PY

@@ -6,6 +6,7 @@
 which must be in the environment before torch starts: the driver sets it (this script checks it is there).
 --mode correctness: deterministic algorithms, a side stream feeding the batches (record_stream), empty_cache()
 half-way, then a CUDA-graph-captured evaluation step compared with the same step run eagerly.
+--compile: the model goes through torch.compile (default mode) first.
 --mode perf: no determinism switches; the peaks of the whole run, and steps/s over windows of --window steps
 after --warmup steps (the host synchronizes only at window edges); every batch is made on the host first.
 """
@@ -29,6 +30,7 @@ def parse():
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--conf", default=os.environ.get("STRATA_TEST_CONF", "stack=default"))
+    p.add_argument("--compile", action="store_true", help="train torch.compile(model) (default mode)")
     return p.parse_args()
 
 
@@ -55,6 +57,8 @@ def main():
     device = torch.device("cuda", 0)
     model, make_batch, loss_fn = models.build(args.model)
     model = model.to(device)
+    if args.compile:
+        model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(99)
     side = torch.cuda.Stream()
@@ -80,7 +84,7 @@ def main():
         yd.record_stream(main_stream)
         return xd, yd
 
-    result = {"model": args.model, "alloc": args.alloc, "mode": args.mode, "steps": args.steps}
+    result = {"model": args.model, "alloc": args.alloc, "mode": args.mode, "steps": args.steps, "compile": args.compile}
     if args.alloc == "strata":
         result["conf"] = args.conf
         result["hooks"] = strata_torch.hooks()
