@@ -53,6 +53,23 @@ concept page_backend = std::movable<B> && requires(B& b, const B& cb, typename B
   { cb.counts() } noexcept -> std::same_as<const page_counters&>;
 };
 
+/// A page backend that can also move a paused tag's contents (mapped_pool::pause / resume): `pin(bytes)`
+/// page-locked host memory (strata::out_of_memory when the host refuses), `unpin` gives it back;
+/// `copy_to_host(host, address, bytes)` and `copy_to_device(address, host, bytes)` queue a copy between pinned
+/// memory and mapped memory (in large chunks over the backend's own copy streams, so they run at link speed);
+/// `finish_copies()` waits on the host until every queued copy is done (and reports any that failed);
+/// `free_bytes()` is the physical memory the device could still create.
+template <class B>
+concept copying_page_backend = page_backend<B> && requires(B& b, const B& cb, void* host, const void* from, std::uintptr_t address,
+                                                           std::size_t bytes) {
+  { b.pin(bytes) } -> std::same_as<void*>;
+  { b.unpin(host, bytes) } noexcept;
+  b.copy_to_host(host, address, bytes);
+  b.copy_to_device(address, from, bytes);
+  b.finish_copies();
+  { cb.free_bytes() } -> std::same_as<std::size_t>;
+};
+
 namespace detail {
 
 /// The least a page backend can be (mapped_pool's claims are checked over it). Never maps anything.
@@ -67,6 +84,12 @@ struct archetype_pages {
   void set_access(std::uintptr_t, std::size_t) {}
   void unmap(std::uintptr_t, std::size_t) {}
   void synchronize() {}
+  void* pin(std::size_t) { throw std::logic_error("archetype_pages pins nothing"); }
+  void unpin(void*, std::size_t) noexcept {}
+  void copy_to_host(void*, std::uintptr_t, std::size_t) {}
+  void copy_to_device(std::uintptr_t, const void*, std::size_t) {}
+  void finish_copies() {}
+  std::size_t free_bytes() const noexcept { return 0; }
   const page_counters& counts() const noexcept { return counts_; }
   friend constexpr void get_property(const archetype_pages&, device_accessible) noexcept {}
   page_counters counts_;

@@ -4,11 +4,16 @@
 // a driver would punish — mapping over a mapped page, unmapping an empty one, setting access on a range with
 // a hole, destroying a mapped page — is a std::logic_error here, so the pool's tests catch it in CI. As with
 // the driver, one allocation may be mapped at several addresses at once (they alias the same memory).
+// Contents are modelled too, for pause and resume: an allocation written through `write` keeps real bytes
+// (in host memory, made on the first write), which copies to and from "pinned" memory (plain host memory
+// here) carry.
 #include <sys/mman.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -22,13 +27,13 @@
 
 namespace strata {
 
-/// Models page_backend. `page_size`: the granularity; `capacity`: the most physical bytes that may exist at
+/// Models page_backend and copying_page_backend. `page_size`: the granularity; `capacity`: the most physical bytes that may exist at
 /// once (the device's memory). Tests can make the N-th call of an operation fail (`fail_after`). Not
 /// thread-safe (the pool is not).
 class simulated_pages {
 public:
   using page = std::uint64_t;
-  enum class operation { create, map, set_access, unmap, synchronize };
+  enum class operation { create, map, set_access, unmap, synchronize, pin, copy_to_host, copy_to_device, finish_copies };
 
   explicit simulated_pages(std::size_t page_size = std::size_t{2} << 20, std::size_t capacity = SIZE_MAX)
       : page_size_(page_size), capacity_(capacity)
@@ -53,6 +58,8 @@ public:
       next_page_ = other.next_page_;
       counts_ = std::exchange(other.counts_, {});
       failures_ = std::exchange(other.failures_, {});
+      contents_ = std::exchange(other.contents_, {});
+      pinned_bytes_ = std::exchange(other.pinned_bytes_, 0);
     }
     return *this;
   }
@@ -109,6 +116,7 @@ public:
     const auto it = pages_.find(p);
     if (it == pages_.end() || it->second.mappings != 0) std::terminate();  // a driver would fail; the pool has a bug
     live_bytes_ -= it->second.bytes;
+    contents_.erase(p);
     pages_.erase(it);
     ++counts_.releases;
   }
@@ -168,7 +176,53 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
+  /// Plain host memory stands in for pinned memory; `pinned_bytes()` counts what is out.
+  void* pin(std::size_t bytes)
+  {
+    maybe_fail(operation::pin);
+    void* p = ::operator new(bytes == 0 ? 1 : bytes);
+    pinned_bytes_ += bytes;
+    return p;
+  }
+  void unpin(void* host, std::size_t bytes) noexcept
+  {
+    ::operator delete(host);
+    pinned_bytes_ -= bytes;
+  }
+  /// Copies at once (no streams here); every page crossed must be mapped and accessible.
+  void copy_to_host(void* host, std::uintptr_t address, std::size_t bytes)
+  {
+    maybe_fail(operation::copy_to_host);
+    walk(address, bytes, [&](std::vector<unsigned char>* data, std::size_t offset, std::size_t done, std::size_t n) {
+      if (data == nullptr) std::memset(static_cast<unsigned char*>(host) + done, 0, n);
+      else std::memcpy(static_cast<unsigned char*>(host) + done, data->data() + offset, n);
+    }, false);
+  }
+  void copy_to_device(std::uintptr_t address, const void* host, std::size_t bytes)
+  {
+    maybe_fail(operation::copy_to_device);
+    write(address, host, bytes);
+  }
+  void finish_copies() { maybe_fail(operation::finish_copies); }
+  std::size_t free_bytes() const noexcept { return capacity_ - live_bytes_; }
+
   // For tests and planning.
+  /// Writes bytes through the mapping at `address` (std::logic_error where a page is not usable).
+  void write(std::uintptr_t address, const void* from, std::size_t bytes)
+  {
+    walk(address, bytes, [&](std::vector<unsigned char>* data, std::size_t offset, std::size_t done, std::size_t n) {
+      std::memcpy(data->data() + offset, static_cast<const unsigned char*>(from) + done, n);
+    }, true);
+  }
+  /// Reads bytes through the mapping at `address`; never-written memory reads as zeros.
+  void read(std::uintptr_t address, void* to, std::size_t bytes) const
+  {
+    const_cast<simulated_pages*>(this)->walk(address, bytes, [&](std::vector<unsigned char>* data, std::size_t offset, std::size_t done, std::size_t n) {
+      if (data == nullptr) std::memset(static_cast<unsigned char*>(to) + done, 0, n);
+      else std::memcpy(static_cast<unsigned char*>(to) + done, data->data() + offset, n);
+    }, false);
+  }
+  std::size_t pinned_bytes() const noexcept { return pinned_bytes_; }
   /// True when every page touching [address, address + bytes) is mapped and accessible.
   bool is_usable(std::uintptr_t address, std::size_t bytes) const
   {
@@ -216,6 +270,24 @@ private:
     throw std::runtime_error("simulated_pages: call refused on purpose");
   }
 
+  /// Calls f(contents or null, offset in the allocation, bytes done so far, bytes in this piece) for each
+  /// mapping [address, address + bytes) crosses; `make` creates an allocation's contents where missing.
+  template <class F>
+  void walk(std::uintptr_t address, std::size_t bytes, F&& f, bool make)
+  {
+    if (!is_usable(address, bytes)) throw std::logic_error("simulated_pages: copy through memory that is not mapped and accessible");
+    for (std::size_t done = 0; done < bytes;) {
+      auto it = std::prev(mappings_.upper_bound(address + done));
+      const allocation& a = pages_.at(it->second);
+      const std::size_t offset = address + done - it->first;
+      const std::size_t n = std::min(bytes - done, a.bytes - offset);
+      auto found = contents_.find(it->second);
+      if (found == contents_.end() && make) found = contents_.emplace(it->second, std::vector<unsigned char>(a.bytes)).first;
+      f(found == contents_.end() ? nullptr : &found->second, offset, done, n);
+      done += n;
+    }
+  }
+
   bool inside_reservation(std::uintptr_t address, std::size_t bytes) const
   {
     auto it = ranges_.upper_bound(address);
@@ -241,8 +313,10 @@ private:
   page next_page_ = 1;
   page_counters counts_;
   std::map<operation, std::uint64_t> failures_;
+  std::unordered_map<page, std::vector<unsigned char>> contents_;  ///< allocations written to, and what they hold
+  std::size_t pinned_bytes_ = 0;
 };
 
-static_assert(page_backend<simulated_pages>);
+static_assert(copying_page_backend<simulated_pages>);
 
 } // namespace strata

@@ -1,9 +1,11 @@
 #pragma once
-#include <concepts>
 #include <algorithm>
-#include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -19,15 +21,12 @@
 #include <strata/core/properties.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
-#include <strata/detail/address_range.hpp>
-#include <strata/detail/emptied_on_move.hpp>
-#include <strata/detail/mapping_relocation.hpp>
-#include <strata/detail/object_pool.hpp>
-#include <strata/detail/page_table.hpp>
-#include <strata/detail/pointer_map.hpp>
-#include <strata/detail/reclaim_budget.hpp>
-#include <strata/detail/tlsf_lists.hpp>
+#include <strata/detail/backup_store.hpp>
+#include <strata/detail/mapped_core.hpp>
+#include <strata/detail/tag_sleep.hpp>
+#include <strata/pages/borrowed_pages.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/sleep/tag_scope.hpp>
 
 namespace strata {
 
@@ -40,6 +39,13 @@ namespace strata {
 /// first by relocating idle allocations to where they are needed (detail/mapping_relocation.hpp), then by
 /// one device wait and unmapping those idle longest. release() gives every idle mapping back.
 ///
+/// Tags (docs/sleep_wake.md): every allocation carries a tag, the calling thread's (`tag_scope`, 0 by default)
+/// or the one `allocate_tagged` names. Each tag has address ranges, mappings and idle memory of its own
+/// (detail/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
+/// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
+/// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/backup_store.hpp). A tag's
+/// idle memory serves only that tag; when the device runs out, other tags' idle memory is given back first.
+///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
 /// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the mappings the
@@ -47,393 +53,327 @@ namespace strata {
 /// O(mappings it covers + log mappings); a new mapping three driver calls (two where it takes, at its size,
 /// an allocation the reclaim before it unmapped, instead of releasing that one and creating another), a
 /// relocation two; the host waits for the device only in a reclaim (once for a batch of mappings), in
-/// release(), when stale ranges pass `stale_address_limit`, and when the pool goes. Unsynchronized. Move-only; the ranges are reserved on first use.
+/// release(), when stale ranges pass `stale_address_limit`, in pause and resume, and when the pool goes. A
+/// free of a tagged block costs a lookup per tag in use. Unsynchronized. Move-only; ranges are reserved on
+/// first use.
 template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
-public:
-  static constexpr std::size_t max_alignment = std::size_t{1} << 30;
-  static constexpr std::size_t reclaims_per_busy_window = detail::reclaim_budget::reclaims_per_busy_window;
+  using core = detail::mapped_core<detail::borrowed_pages<Backend>>;
 
-  struct options {
-    std::size_t max_physical = SIZE_MAX;                ///< never hold more physical memory than this
-    std::size_t small_limit = std::size_t{1} << 20;     ///< requests up to this share one address range
-    std::size_t address_space = std::size_t{1} << 38;   ///< bytes reserved for each of the two ranges
-    std::size_t reclaim_slack = 0;                      ///< held bytes allowed above the live bytes before idle memory goes back (SIZE_MAX: never)...
-    double reclaim_slack_fraction = 0.0;                ///< ... or this share of the live bytes, if more
-    std::size_t max_mapping = std::size_t{128} << 20;   ///< the largest physical allocation (a multiple of the page)
-    std::size_t min_mapping = std::size_t{8} << 20;     ///< a mapping at the edge of mapped memory takes free pages after it up to this...
-    double min_mapping_fraction = 1.0 / 256;            ///< ... but no more than this share of the memory held
-    int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
-    /// After a reclaim that kept the pool at its high-water mark (not one the cap forced), the mark rises by
-    /// this share of itself. Every such reclaim is a device-wide wait on the host, which drains the GPU's
-    /// queue: a loop that needs one new mapping at its peak every step would wait once per step. With
-    /// headroom the loop settles after a few reclaims, holding at most that much more. 0: never raised.
-    double reclaim_headroom_fraction = 0.0;
-    /// At the high-water mark, move idle physical memory to where it is needed before waiting for the device
-    /// to give it back: no device waits, for more memory (whole allocations move, so the pool follows the live
-    /// set less closely; docs/memory.md). Off: every such growth is a reclaim (one device-wide wait).
-    bool relocate_idle = false;
-    /// A pool that keeps reclaiming at a steady rate is not growing to a new peak (growth reclaims in bursts
-    /// that end: no shared trace reaches the rate below, docs/memory.md) but running a loop whose blocks land on
-    /// other pages each round, and it would wait for the device every few rounds for as long as the loop runs.
-    /// Once two windows of this many allocations in a row each reclaimed at least once per 128 allocations,
-    /// the pool relocates from then on, as with relocate_idle (until release()). 0: never switches.
-    std::size_t persistent_reclaim_window = 4096;
-    /// Address space that relocations may leave mapped and out of use before the pool waits for the device
-    /// once to unmap it all (sooner when it waits anyway). Costs no physical memory.
-    std::size_t stale_address_limit = std::size_t{16} << 30;
-  };
-  // The defaults are the trade chosen by replaying bench/traces (docs/memory.md, bench/mapped_variants): reclaiming
-  // only at the high-water mark, mappings of 8-128 MiB. Smaller mappings follow the live set more closely at
-  // more driver calls; larger ones the reverse.
+public:
+  static constexpr std::size_t max_alignment = core::max_alignment;
+  static constexpr std::size_t reclaims_per_busy_window = core::reclaims_per_busy_window;
+  using options = typename core::options;
+  using backing = typename core::backing;
 
   mapped_pool() requires std::default_initializable<Backend> : mapped_pool(Backend{}, options{}) {}
   explicit mapped_pool(Backend backend) : mapped_pool(std::move(backend), options{}) {}
-  mapped_pool(Backend backend, options opts)
-      : table_(std::move(backend)), opts_(checked(opts, table_.page_size())),
-        budget_({.max_physical = opts.max_physical, .reclaim_slack = opts.reclaim_slack, .reclaim_slack_fraction = opts.reclaim_slack_fraction,
-                 .reclaim_headroom_fraction = opts.reclaim_headroom_fraction, .relocate_idle = opts.relocate_idle,
-                 .persistent_reclaim_window = opts.persistent_reclaim_window})
-  {}
+  mapped_pool(Backend backend, options opts) : backend_(std::move(backend)), core_(detail::borrowed_pages<Backend>{&backend_}, opts) {}
 
-  // Everything taken from the backend goes back with table_ (on destruction, and before a move assignment
-  // takes the other pool's); every other member is left empty by a move.
-  mapped_pool(mapped_pool&&) noexcept = default;
-  mapped_pool& operator=(mapped_pool&&) noexcept = default;
+  // Every tag's pool lends the backend this pool owns: after a move they are pointed at the new owner's. The
+  // moved-from pool keeps its (emptied) backend and stays usable.
+  mapped_pool(mapped_pool&& other) noexcept
+      : backend_(std::move(other.backend_)), core_(std::move(other.core_)), tags_(std::exchange(other.tags_, {})),
+        backup_(std::move(other.backup_)), peak_(std::exchange(other.peak_, 0))
+  {
+    lend();
+  }
+  mapped_pool& operator=(mapped_pool&& other) noexcept
+  {
+    if (this == &other) return *this;
+    drop_backup();
+    tags_.clear();  // each tag's pool gives its memory back to this pool's backend
+    core_ = std::move(other.core_);
+    tags_ = std::exchange(other.tags_, {});
+    backup_ = std::move(other.backup_);
+    peak_ = std::exchange(other.peak_, 0);
+    backend_ = std::move(other.backend_);
+    lend();
+    return *this;
+  }
   mapped_pool(const mapped_pool&) = delete;
   mapped_pool& operator=(const mapped_pool&) = delete;
-  ~mapped_pool() = default;
+  ~mapped_pool() { drop_backup(); }
 
-  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) { return allocate_tagged(current_tag(), bytes, alignment); }
+
+  /// An allocation carrying `tag` whatever the thread's tag_scope says. std::invalid_argument for a tag of
+  /// max_tags or more; strata::usage_error while the tag is paused.
+  void* allocate_tagged(tag_id tag, std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    check_alignment("mapped_pool", alignment, max_alignment);
-    if (bytes == 0) return nullptr;
-    if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
-    const std::size_t size = align_up(bytes, granule);
-    const std::uint32_t band = band_for(size);
-    if (table_.stale_covered() != 0 || table_.stale_bytes() > opts_.stale_address_limit) [[unlikely]]
-      relocation().tidy(table_.stale_bytes() > opts_.stale_address_limit);
-    if (table_.band(band).size != 0) return allocate_in(band, bytes, size, effective_alignment(alignment));
-    reserve_band(band, bytes);
+    if (tag == 0 && tags_.empty()) [[likely]] return core_.allocate(bytes, alignment);
+    core& c = tag_core(tag, "allocate into");
+    void* p = nullptr;
     try {
-      return allocate_in(band, bytes, size, effective_alignment(alignment));
-    } catch (...) {
-      unreserve_band(band);  // the first request failed: as if it had never come
-      throw;
+      p = c.allocate(bytes, alignment);
+    } catch (const out_of_memory&) {
+      if (!release_idle_except(c)) throw;
+      p = c.allocate(bytes, alignment);  // other tags' idle memory went back to the device: once more
+    }
+    peak_ = std::max(peak_, physical_bytes());
+    return p;
+  }
+
+  /// A block of a paused tag freed while it sleeps is dropped from its backup: resume does not bring it back.
+  void deallocate(void* p, std::size_t, std::size_t = default_alignment) noexcept
+  {
+    if (core_.take_back(p) || p == nullptr || tags_.empty()) [[likely]] return;
+    for (std::size_t t = 0; t < tags_.size(); ++t) {
+      if (tags_[t].sleep != nullptr && tags_[t].sleep->forget(p)) return;
+      if (tags_[t].pool != nullptr && tags_[t].pool->take_back(p)) return;
     }
   }
 
-  void deallocate(void* p, std::size_t, std::size_t = default_alignment) noexcept
-  {
-    if (p == nullptr) return;
-    block* b = nullptr;
-    if (!used_.take(p, &b)) return;  // not ours: undefined by the rules; checked<> reports it
-    const std::uint32_t band = table_.band_of(b->address);
-    auto& r = table_.band(band);
-    in_use_.bytes -= b->size;
-    table_.let_go(r, table_.page_of(r, b->address), table_.page_of(r, b->address + b->size - 1));
-    blocks_[band].release(b, nodes_);
-  }
-
   /// What a request consumes: rounded up to 256 bytes (SIZE_MAX for a size no pool can serve).
-  std::size_t good_size(std::size_t bytes, std::size_t = default_alignment) const noexcept
-  {
-    std::size_t size = 0;
-    return bytes == 0 ? 0 : checked_align_up(bytes, granule, size) ? size : SIZE_MAX;
-  }
+  std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept { return core_.good_size(bytes, alignment); }
 
-  /// Whether the request would land on pages already mapped (no physical memory created).
+  /// Whether the request would land, under the calling thread's tag, on pages already mapped.
   bool has_room_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept
   {
-    if (bytes == 0) return true;
-    if (bytes > opts_.address_space / 2 || !is_power_of_two(alignment) || alignment > max_alignment) return false;
-    const std::size_t size = align_up(bytes, granule);
-    const std::size_t align = effective_alignment(alignment);
-    const std::uint32_t band = band_for(size);
-    if (table_.band(band).size == 0) return false;
-    const block* b = place(band, size, align);
-    return b != nullptr && table_.unmapped_pages(table_.band(band), align_address(b->address, align), size) == 0;
+    const core* c = find(current_tag());
+    return c != nullptr && !paused(current_tag()) ? c->has_room_for(bytes, alignment) : bytes == 0;
   }
 
-  /// True when p is the start of a block this pool handed out and has not taken back.
-  bool owns(const void* p) const noexcept { return used_.contains(p); }
+  /// True when p is the start of a live block this pool handed out (a paused tag's blocks included).
+  bool owns(const void* p) const noexcept
+  {
+    if (core_.owns(p)) return true;
+    for (const auto& e : tags_)
+      if ((e.pool != nullptr && e.pool->owns(p)) || (e.sleep != nullptr && e.sleep->holds(p))) return true;
+    return false;
+  }
 
-  /// Waits for the device once, then unmaps and releases every idle mapping and every range relocations
-  /// left; returns the bytes given back.
+  /// Waits for the device once per tag in use, then unmaps and releases every idle mapping and every range
+  /// relocations left; returns the bytes given back.
   std::size_t release()
   {
-    const std::size_t before = table_.physical();
-    if (table_.idle_bytes() > 0 || table_.has_stale()) table_.reclaim(nullptr, 0, 0, SIZE_MAX, table_.stale_count());
-    relocation().tidy(false);
-    budget_.restart(table_.physical());  // asked to give memory back: growing to the old peak again is growth
-    return before - table_.physical();
+    std::size_t n = core_.release();
+    for (auto& e : tags_)
+      if (e.pool != nullptr) n += e.pool->release();
+    return n;
   }
 
   strata::usage usage() const noexcept
   {
-    const std::size_t largest = std::max(blocks_[0].free.largest(), blocks_[1].free.largest());
-    return {.reserved = table_.physical(), .in_use = in_use_.bytes, .largest_free = std::min(largest, table_.physical() - in_use_.bytes),
-            .chunks = table_.mappings_live(), .used_blocks = used_.size(), .free_blocks = blocks_[0].free.count() + blocks_[1].free.count()};
+    strata::usage u = core_.usage();
+    for_each_tag_pool([&](const core& c) {
+      const strata::usage t = c.usage();
+      u.reserved += t.reserved;
+      u.in_use += t.in_use;
+      u.largest_free = std::max(u.largest_free, t.largest_free);
+      u.chunks += t.chunks;
+      u.used_blocks += t.used_blocks;
+      u.free_blocks += t.free_blocks;
+    });
+    return u;
   }
 
-  /// Each address range up to the end of its page table (the highest page touched, rounded up as the table
-  /// doubles), with its blocks (the last free block clipped there).
+  /// Each address range of every tag up to the end of its page table, with its blocks.
   strata::snapshot snapshot() const
   {
-    strata::snapshot s{.box = "mapped_pool", .segments = {}};
-    for (std::uint32_t band = 0; band < 2; ++band) {
-      const auto& r = table_.band(band);
-      if (r.size == 0 || r.pages.empty()) continue;
-      const std::size_t extent = r.pages.size() * page_size();
-      segment_info seg{.address = r.base, .size = extent, .blocks = {}};
-      for (const block* b = blocks_[band].first; b != nullptr && b->address < r.base + extent; b = b->next)
-        seg.blocks.push_back({b->address - r.base, std::min(b->size, r.base + extent - b->address), b->free, -1});
-      s.segments.push_back(std::move(seg));
-    }
+    strata::snapshot s = core_.snapshot();
+    for_each_tag_pool([&](const core& c) {
+      for (auto& seg : c.snapshot().segments) s.segments.push_back(std::move(seg));
+    });
     return s;
   }
 
-  std::size_t page_size() const noexcept { return table_.page_size(); }
-  /// Physical memory held now, and the most ever held.
-  std::size_t physical_bytes() const noexcept { return table_.physical(); }
-  std::size_t peak_physical_bytes() const noexcept { return table_.peak_physical(); }
-  /// Physical memory mapped behind no live block (reused in place, or reclaimed).
-  std::size_t idle_bytes() const noexcept { return table_.idle_bytes(); }
-  /// The pages live blocks touch now, and at most: what page-granular memory would hold at the least, the
-  /// floor under physical_bytes() whatever the mapping sizes.
-  std::size_t live_page_bytes() const noexcept { return table_.live_pages() * page_size(); }
-  std::size_t peak_live_page_bytes() const noexcept { return table_.peak_live_pages() * page_size(); }
-  std::size_t mappings() const noexcept { return table_.mappings_live(); }
+  std::size_t page_size() const noexcept { return core_.page_size(); }
+  /// Physical memory held now (every tag), and the most ever held.
+  std::size_t physical_bytes() const noexcept { return sum(&core::physical_bytes); }
+  std::size_t peak_physical_bytes() const noexcept { return std::max(peak_, core_.peak_physical_bytes()); }
+  /// Physical memory mapped behind no live block (reused in place by its tag, or reclaimed).
+  std::size_t idle_bytes() const noexcept { return sum(&core::idle_bytes); }
+  /// The pages live blocks touch now, and at most (the latter summed over tags: each tag's own peak).
+  std::size_t live_page_bytes() const noexcept { return sum(&core::live_page_bytes); }
+  std::size_t peak_live_page_bytes() const noexcept { return sum(&core::peak_live_page_bytes); }
+  std::size_t mappings() const noexcept { return sum(&core::mappings); }
   /// Idle physical allocations moved to where new blocks needed memory (instead of waiting to give them back).
-  std::uint64_t relocations() const noexcept { return table_.relocations(); }
-  /// Whether idle memory is relocated before the pool waits to reclaim it: relocate_idle, or a persistent
-  /// reclaim rate seen since the last release() (options::persistent_reclaim_window).
-  bool relocating() const noexcept { return budget_.relocating(); }
+  std::uint64_t relocations() const noexcept { return sum(&core::relocations); }
+  /// Whether untagged allocations relocate idle memory before the pool waits to reclaim it (relocate_idle, or
+  /// a persistent reclaim rate seen since the last release(); options::persistent_reclaim_window).
+  bool relocating() const noexcept { return core_.relocating(); }
   /// Address space left mapped by relocations and not yet unmapped (aliases of memory held: no physical cost).
-  std::size_t stale_bytes() const noexcept { return table_.stale_bytes(); }
-  /// Per-page entries of the page table written so far: a block's first and last pages per allocation and
-  /// free, every page of a mapping made, moved or dropped.
-  std::uint64_t page_state_updates() const noexcept { return table_.page_state_updates(); }
-  /// Driver calls made so far (creates, maps, unmaps, device waits...).
-  const page_counters& page_calls() const noexcept { return table_.backend().counts(); }
-  void reset_peak() noexcept { table_.reset_peak(); }
-
-  /// One physical allocation behind part of a live block: where it is mapped, its size, the backend's handle.
-  struct backing {
-    std::uintptr_t address = 0;
-    std::size_t bytes = 0;
-    typename Backend::page page{};
-  };
-  /// The physical allocations behind the live block starting at p, in address order (they are contiguous and
-  /// cover the block): what sharing the block with another process exports (ipc/). Empty for a pointer that
-  /// does not start a live block. O(mappings of the block); allocates the result.
-  std::vector<backing> backing_of(const void* p) const
+  std::size_t stale_bytes() const noexcept { return sum(&core::stale_bytes); }
+  /// Per-page entries of the page tables written so far.
+  std::uint64_t page_state_updates() const noexcept { return sum(&core::page_state_updates); }
+  /// Driver calls made so far (creates, maps, unmaps, device waits...), every tag's.
+  const page_counters& page_calls() const noexcept { return backend_.counts(); }
+  void reset_peak() noexcept
   {
-    std::vector<backing> out;
-    const block* const* found = used_.find(p);
-    if (found == nullptr) return out;
-    const block& b = **found;
-    const auto& r = table_.band(table_.band_of(b.address));
-    const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
-    table_.for_each_piece(r, table_.page_of(r, start), table_.page_of(r, b.address + b.size - 1), [&](const typename table::piece& pc) {
-      const auto& mp = table_.slot(pc.slot);
-      out.push_back({table_.address_of(r, mp.first), table_.bytes_of(mp), mp.page});
-    });
-    return out;
+    core_.reset_peak();
+    for (auto& e : tags_)
+      if (e.pool != nullptr) e.pool->reset_peak();
+    peak_ = physical_bytes();
   }
 
-  Backend& backend() noexcept { return table_.backend(); }
-  const Backend& backend() const noexcept { return table_.backend(); }
-  const options& settings() const noexcept { return opts_; }
+  /// The physical allocations behind the live block starting at p, in address order (ipc/). Empty for a
+  /// pointer that does not start a live block. O(mappings of the block); allocates the result.
+  std::vector<backing> backing_of(const void* p) const
+  {
+    if (core_.owns(p)) return core_.backing_of(p);
+    for (const auto& e : tags_)
+      if (e.pool != nullptr && e.pool->owns(p)) return e.pool->backing_of(p);
+    return {};
+  }
+
+  // ---- Tags: sleep and wake (docs/sleep_wake.md).
+
+  /// Physical memory, live bytes and whether it sleeps, per tag (0 and false for a tag never used).
+  std::size_t physical_bytes(tag_id tag) const noexcept { return find(tag) != nullptr ? find(tag)->physical_bytes() : 0; }
+  std::size_t in_use(tag_id tag) const noexcept { return find(tag) != nullptr ? find(tag)->usage().in_use : 0; }
+  bool paused(tag_id tag) const noexcept { return tag < tags_.size() && tags_[tag].sleep != nullptr; }
+  /// Bytes of a paused tag's blocks (what its backup holds, or held before a pause without one).
+  std::size_t paused_bytes(tag_id tag) const noexcept { return paused(tag) ? tags_[tag].sleep->bytes() : 0; }
+
+  /// Puts each tag to sleep, in order: waits for the device (one device-wide wait per tag: the work queued
+  /// on its blocks finishes first), copies its live blocks to pinned host memory (`backup`; without it their
+  /// contents are dropped), then unmaps and releases all its physical memory; addresses stay reserved. While a
+  /// tag sleeps, allocating into it is a usage_error and freeing one of its blocks drops it from the backup.
+  /// strata::usage_error, before anything changes, for a tag never used or already paused; std::invalid_argument
+  /// for a tag of max_tags or more. A failure while copying leaves that tag running (its backup room kept for
+  /// later); one while giving its memory back leaves it paused, what is still held going at the next release().
+  void pause(std::span<const tag_id> tags, bool backup = true) requires copying_page_backend<Backend>
+  {
+    for (tag_id t : tags) (void)running_core(t, "pause");
+    for (tag_id t : tags) pause_one(t, backup);
+  }
+  void pause(std::initializer_list<tag_id> tags, bool backup = true) requires copying_page_backend<Backend>
+  {
+    pause(std::span<const tag_id>(tags.begin(), tags.size()), backup);
+  }
+
+  /// Wakes each tag, in order: creates and maps physical memory at its blocks' addresses (access for the
+  /// device and the backend's peers), copies the backup back and waits for the copies. A tag that does not
+  /// fit even after other tags' idle memory went back: strata::out_of_memory naming the tag, the bytes needed
+  /// and free, with the tag still paused and its backup kept (resume may be tried again). strata::usage_error,
+  /// before anything changes, for a tag that is not paused.
+  void resume(std::span<const tag_id> tags) requires copying_page_backend<Backend>
+  {
+    for (tag_id t : tags)
+      if (!paused(t)) throw usage_error("mapped_pool: resume of tag " + std::to_string(t) + ", which is not paused");
+    for (tag_id t : tags) resume_one(t);
+  }
+  void resume(std::initializer_list<tag_id> tags) requires copying_page_backend<Backend>
+  {
+    resume(std::span<const tag_id>(tags.begin(), tags.size()));
+  }
+
+  /// Pins host memory ahead, so that a pause of up to `bytes` pins nothing (pinning is the slow part).
+  void reserve_backup(std::size_t bytes) requires copying_page_backend<Backend> { backup_.reserve(backend_, bytes); }
+  /// Unpins the backup memory no paused tag holds; returns the bytes unpinned.
+  std::size_t release_backup() noexcept requires copying_page_backend<Backend> { return backup_.release(backend_); }
+  /// Pinned host memory held for backups now.
+  std::size_t backup_bytes() const noexcept { return backup_.pinned_bytes(); }
+
+  Backend& backend() noexcept { return backend_; }
+  const Backend& backend() const noexcept { return backend_; }
+  const options& settings() const noexcept { return core_.settings(); }
 
   friend bool operator==(const mapped_pool& a, const mapped_pool& b) noexcept { return &a == &b; }
 
 private:
-  static constexpr std::size_t granule = detail::tlsf::granule;
-  using block = detail::address_block;
-  using table = detail::page_table<Backend>;
-  using range = typename table::range;
-  struct live_bytes {
-    std::size_t bytes = 0;
+  /// A tag other than 0 gets its pool on first use; tag 0's is core_. `sleep` is set while the tag is paused.
+  struct tag_entry {
+    std::unique_ptr<core> pool;
+    std::unique_ptr<detail::sleeping_tag> sleep;
   };
 
-  static options checked(const options& opts, std::size_t page)
+  void drop_backup() noexcept
   {
-    if (opts.address_space == 0 || opts.address_space % page != 0 || opts.address_space % max_alignment != 0)
-      throw std::invalid_argument("mapped_pool: address_space " + std::to_string(opts.address_space) +
-                                  " must be a positive multiple of 1 GiB and of the page size " + std::to_string(page));
-    if (opts.max_physical < page)
-      throw std::invalid_argument("mapped_pool: max_physical " + std::to_string(opts.max_physical) + " is less than one page of " +
-                                  std::to_string(page) + " bytes");
-    if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0) ||
-        !(opts.reclaim_headroom_fraction >= 0.0 && opts.reclaim_headroom_fraction <= 1.0) ||
-        !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0) ||
-        (opts.persistent_reclaim_window != 0 && opts.persistent_reclaim_window < reclaims_per_busy_window))
-      throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
-                                  "reclaim_slack_fraction, reclaim_headroom_fraction and min_mapping_fraction within [0, 1], "
-                                  "persistent_reclaim_window 0 or at least 128");
-    return opts;
+    if constexpr (copying_page_backend<Backend>) backup_.drop(backend_);
   }
 
-  [[noreturn]] void throw_oom(std::size_t bytes, const std::string& why) const
+  void lend() noexcept
   {
-    throw out_of_memory("mapped_pool", bytes, why + "; physical " + std::to_string(table_.physical()) + " bytes, in use " +
-                                                std::to_string(in_use_.bytes) + " bytes");
+    core_.backend().lend(&backend_);
+    for (auto& e : tags_)
+      if (e.pool != nullptr) e.pool->backend().lend(&backend_);
   }
 
-  std::uint32_t band_for(std::size_t size) const noexcept { return size <= opts_.small_limit ? 0 : 1; }
-  std::size_t max_run() const noexcept { return std::max<std::size_t>(1, opts_.max_mapping / page_size()); }
-  detail::mapping_relocation<Backend> relocation() noexcept { return {table_, blocks_, nodes_}; }
-
-  void reserve_band(std::uint32_t band, std::size_t bytes)
+  const core* find(tag_id tag) const noexcept
   {
-    block* whole = nodes_.make();
-    std::uintptr_t base = 0;
-    try {
-      base = table_.reserve(band, opts_.address_space, max_alignment);
-    } catch (const out_of_memory&) {
-      nodes_.recycle(whole);
-      throw_oom(bytes, "cannot reserve an address range");
-    } catch (...) {
-      nodes_.recycle(whole);
-      throw;
-    }
-    *whole = block{.address = base, .size = opts_.address_space, .free = true};
-    blocks_[band].first = whole;
-    blocks_[band].free.insert(whole);
+    if (tag == 0) return &core_;
+    return tag < tags_.size() ? tags_[tag].pool.get() : nullptr;
   }
 
-  void unreserve_band(std::uint32_t band) noexcept
+  template <class F>
+  void for_each_tag_pool(F&& f) const
   {
-    nodes_.recycle(blocks_[band].first);
-    table_.unreserve(band);
-    blocks_[band] = detail::block_range{};
+    for (const auto& e : tags_)
+      if (e.pool != nullptr) f(*e.pool);
   }
 
-  void* allocate_in(std::uint32_t band, std::size_t bytes, std::size_t size, std::size_t align)
+  template <class T>
+  T sum(T (core::*figure)() const noexcept) const noexcept
   {
-    block* b = place(band, size, align);
-    if (b == nullptr && table_.has_stale()) {  // address space held by stale ranges: wait, give it back, try again
-      relocation().tidy(true);
-      b = place(band, size, align);
-    }
-    if (b == nullptr) throw_oom(bytes, "no free address range of that size left");
-    const auto& r = table_.band(band);
-    const std::uintptr_t start = align_address(b->address, align);
-    block* rest = start > b->address ? nodes_.make() : nullptr;
-    block* tail = nullptr;
-    try {
-      if (start + size < b->address + b->size) tail = nodes_.make();
-      used_.insert(reinterpret_cast<void*>(start), rest != nullptr ? rest : b);
-      try {
-        hold_pages(band,
-                   {table_.page_of(r, start), table_.page_of(r, start + size - 1), table_.page_of(r, b->address),
-                    table_.page_of(r, b->address + b->size - 1)},
-                   bytes, in_use_.bytes + size);
-      } catch (...) {
-        used_.erase(reinterpret_cast<void*>(start));
-        throw;
-      }
-    } catch (...) {
-      if (rest != nullptr) nodes_.recycle(rest);
-      if (tail != nullptr) nodes_.recycle(tail);
-      throw;
-    }
-    blocks_[band].carve(b, start, size, rest, tail);
-    in_use_.bytes += size;
-    budget_.tick();  // allocations served: a failed one leaves the count as it was
-    return reinterpret_cast<void*>(start);
+    T n = (core_.*figure)();
+    for_each_tag_pool([&](const core& c) { n += (c.*figure)(); });
+    return n;
   }
 
-  /// A free block for the request, preferring one whose pages are already mapped (no driver call, no
-  /// physical memory added) among the first few that fit.
-  block* place(std::uint32_t band, std::size_t size, std::size_t align) const noexcept
+  /// The pool of a tag that is running, made on first use. `what` names the call for the error.
+  core& tag_core(tag_id tag, const char* what)
   {
-    const auto& r = table_.band(band);
-    return blocks_[band].free.find_cheapest(size + (align - granule), opts_.placement_candidates,
-                                            [&](const block* b) { return table_.unmapped_pages(r, align_address(b->address, align), size); });
+    if (tag >= max_tags)
+      throw std::invalid_argument("mapped_pool: tag " + std::to_string(tag) + " is not below max_tags (" + std::to_string(max_tags) + ")");
+    if (tags_.size() <= tag) tags_.resize(tag + 1);
+    if (tags_[tag].sleep != nullptr)
+      throw usage_error(std::string("mapped_pool: ") + what + " tag " + std::to_string(tag) + ", which is paused");
+    if (tag == 0) return core_;
+    if (tags_[tag].pool == nullptr) tags_[tag].pool = std::make_unique<core>(detail::borrowed_pages<Backend>{&backend_}, core_.settings());
+    return *tags_[tag].pool;
   }
 
-  /// Puts physical memory behind the span's pages and counts one more live block on each. `live_after`: the
-  /// pool's live bytes once the block is handed out. On failure every page is as it was, except that idle
-  /// memory reclaimed to make room stays reclaimed (no live block moves; only `reserved` can be lower).
-  void hold_pages(std::uint32_t band, detail::page_span span, std::size_t bytes, std::size_t live_after)
+  core& running_core(tag_id tag, const char* what)
   {
-    range& r = table_.band(band);
-    if (span.last >= r.pages.size()) table_.grow(r, span.last + 1);
-    const auto census = table_.census(r, span.first, span.last);
-    if (census.unmapped > 0) {
-      // The last run reaches min(min_mapping, min_mapping_fraction of the memory held) over the free pages after
-      // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
-      const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(table_.physical()));
-      std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
-      if (table_.physical() + (census.unmapped + ahead) * page_size() > opts_.max_physical) ahead = 0;  // never refuse for pages not asked for
-      map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
-    }
-    table_.hold(r, span.first, span.last);
+    if (tag >= max_tags)
+      throw std::invalid_argument("mapped_pool: tag " + std::to_string(tag) + " is not below max_tags (" + std::to_string(max_tags) + ")");
+    if (tag != 0 && (tag >= tags_.size() || tags_[tag].pool == nullptr))
+      throw usage_error(std::string("mapped_pool: ") + what + " of tag " + std::to_string(tag) + ", which was never used");
+    if (paused(tag)) throw usage_error(std::string("mapped_pool: ") + what + " of tag " + std::to_string(tag) + ", which is already paused");
+    return tag == 0 ? core_ : *tags_[tag].pool;
   }
 
-  /// Maps every run of unmapped pages in [span.first, last], one physical allocation per run (split at
-  /// max_mapping). First, when the new memory would lift the pool above its budget, idle memory elsewhere is
-  /// relocated there, then, for what is still missing, reclaimed to make room. On failure every relocation
-  /// made here is undone (what was reclaimed stays reclaimed).
-  void map_runs(range& r, detail::page_span span, std::size_t last, std::size_t needed, std::size_t idle_in_range, std::size_t bytes,
-                std::size_t live_after, bool may_relocate = true)
+  /// Gives back every other tag's idle memory; whether there was any.
+  bool release_idle_except(const core& keep)
   {
-    const std::size_t first = span.first;
-    const std::size_t needed_at_first = needed;
-    std::size_t idle_elsewhere = table_.idle_bytes() - idle_in_range;
-    const std::size_t budget = budget_.limit(live_after);
-    const std::size_t stale_before = table_.stale_count();
-    try {
-      if (table_.physical() + needed > budget && idle_elsewhere > 0 && budget_.relocating() && may_relocate) {
-        const auto moved = relocation().relocate(r, first, last, span, max_run());
-        needed -= moved.covered;
-        idle_elsewhere -= moved.bytes;
-        // A relocated allocation longer than what it covers holds its spare pages where they may not help:
-        // where that leaves the request over the cap, reclaiming alone may still fit it.
-        if (table_.physical() + needed > opts_.max_physical && table_.physical() + needed - opts_.max_physical > idle_elsewhere &&
-            table_.stale_count() > stale_before) {
-          relocation().undo(stale_before);
-          if (table_.stale_count() == stale_before)
-            return map_runs(r, span, last, needed_at_first, idle_in_range, bytes, live_after, false);
-        }
-      }
-      if (table_.physical() + needed > budget && idle_elsewhere > 0) {
-        // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
-        // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
-        // reclaim. Only a reclaim that the cap needs makes the allocation fail.
-        const bool for_cap = table_.physical() + needed > opts_.max_physical;
-        try {
-          table_.reclaim(&r, first, last, table_.physical() + needed - budget, stale_before, /*keep_spares=*/true);
-        } catch (...) {
-          if (for_cap) throw;
-        }
-        if (!for_cap) budget_.reclaimed_under_mark();
-      }
-      if (table_.physical() + needed > opts_.max_physical)
-        throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
-      if (needed > 0) table_.map_unmapped(r, first, last, needed, max_run(), [this] { budget_.held(table_.physical()); });
-    } catch (...) {
-      table_.drop_spares();
-      relocation().undo(stale_before);
-      throw;
-    }
-    table_.drop_spares();  // the memory reclaimed that no new mapping of its size took
+    bool any = false;
+    if (&core_ != &keep && core_.idle_bytes() + core_.stale_bytes() > 0) any = core_.release() > 0 || any;
+    for (auto& e : tags_)
+      if (e.pool != nullptr && e.pool.get() != &keep && e.pool->idle_bytes() + e.pool->stale_bytes() > 0) any = e.pool->release() > 0 || any;
+    return any;
   }
 
-  table table_;  // owns the backend and everything taken from it
-  options opts_;
-  detail::reclaim_budget budget_;
-  detail::emptied_on_move<detail::object_pool<block>> nodes_;
-  detail::pointer_map<block*> used_;
-  detail::emptied_on_move<std::array<detail::block_range, 2>> blocks_;  // small and large requests, never mixed
-  detail::emptied_on_move<live_bytes> in_use_;
+  void pause_one(tag_id tag, bool backup)
+  {
+    core& c = running_core(tag, "pause");
+    if (tags_.size() <= tag) tags_.resize(tag + 1);
+    auto sleeping = detail::copy_out(c, backend_, backup_, backup);
+    tags_[tag].sleep = std::move(sleeping);
+    for (const auto& b : tags_[tag].sleep->blocks) (void)c.take_back(reinterpret_cast<void*>(b.first));
+    (void)c.release();
+  }
+
+  void resume_one(tag_id tag)
+  {
+    core& c = tag == 0 ? core_ : *tags_[tag].pool;
+    detail::copy_in(c, backend_, backup_, *tags_[tag].sleep, tag, [&] { (void)release_idle_except(c); });
+    backup_.give(tags_[tag].sleep->backup);
+    tags_[tag].sleep.reset();
+    peak_ = std::max(peak_, physical_bytes());
+  }
+
+  Backend backend_;  // first: every tag's pool gives its memory back to it when the pool goes
+  core core_;        // tag 0
+  std::vector<tag_entry> tags_;
+  detail::backup_store backup_;
+  std::size_t peak_ = 0;  // the most held at once, seen after tagged allocations and resumes
 };
 
 namespace detail::mapped_pool_claims {
 using P = mapped_pool<archetype_pages>;
-static_assert(page_backend<archetype_pages>);
+static_assert(page_backend<archetype_pages> && copying_page_backend<archetype_pages>);
 static_assert(resource<P> && owning_resource<P> && releasable_resource<P> && sized_resource<P> && usage_reporting_resource<P>);
 static_assert(snapshot_resource<P> && room_reporting_resource<P> && !stream_resource<P>);
 static_assert(cccl::synchronous_resource_with<P, device_accessible> && !has_property<P, host_accessible>);  // the backend's
