@@ -2,6 +2,8 @@
 // The stack strata recommends on a GPU, under one name, and its twin for planning on a machine without one.
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <vector>
 
 #include <strata/adaptor/per_device.hpp>
@@ -10,6 +12,7 @@
 #include <strata/pages/driver_pages.hpp>
 #include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
+#include <strata/sleep/tag_scope.hpp>
 #include <strata/stream/simulated_streams.hpp>
 #include <strata/stream/stream_ordered.hpp>
 
@@ -70,6 +73,39 @@ struct default_pool_factory {
 /// The recommended stack on every device, each built when a thread first allocates with its device current
 /// (or asks for_device): `default_pools pools;` then allocate as from one pool. See per_device.
 using default_pools = per_device<default_pool, default_pool_factory>;
+
+/// Puts tags of a stream-ordered mapped_pool (default_pool, planning_pool) to sleep (docs/sleep_wake.md). First
+/// every block the stream layer holds for reuse goes back to the pool (stream_ordered::release: a host wait
+/// for the frees still pending on every stream, and idle memory of every tag given back), so the tags' cached
+/// blocks are free, not backed up; then mapped_pool::pause. Errors as mapped_pool::pause; usage_error under a
+/// CUDA graph capture the layer has seen.
+template <page_backend Pages, class Events>
+  requires copying_page_backend<Pages>
+void pause(stream_ordered<mapped_pool<Pages>, Events>& pool, std::span<const tag_id> tags, bool backup = true)
+{
+  pool.release();
+  pool.policy().pause(tags, backup);
+}
+template <page_backend Pages, class Events>
+  requires copying_page_backend<Pages>
+void pause(stream_ordered<mapped_pool<Pages>, Events>& pool, std::initializer_list<tag_id> tags, bool backup = true)
+{
+  pause(pool, std::span<const tag_id>(tags.begin(), tags.size()), backup);
+}
+
+/// Wakes tags that pause put to sleep: mapped_pool::resume (the stream layer holds none of their blocks).
+template <page_backend Pages, class Events>
+  requires copying_page_backend<Pages>
+void resume(stream_ordered<mapped_pool<Pages>, Events>& pool, std::span<const tag_id> tags)
+{
+  pool.policy().resume(tags);
+}
+template <page_backend Pages, class Events>
+  requires copying_page_backend<Pages>
+void resume(stream_ordered<mapped_pool<Pages>, Events>& pool, std::initializer_list<tag_id> tags)
+{
+  resume(pool, std::span<const tag_id>(tags.begin(), tags.size()));
+}
 
 static_assert(stream_resource<default_pool> && cccl::stream_resource_with<default_pool, device_accessible>);
 static_assert(!has_property<default_pool, host_accessible> && !has_property<planning_pool, device_accessible>);

@@ -4,8 +4,10 @@
 // entry-point table, as strata::identify does: no link to libcuda, and a program without a GPU loads fine.
 #include <cuda.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <cstdint>
 #include <source_location>
 #include <stdexcept>
@@ -20,6 +22,7 @@
 #include <strata/core/properties.hpp>
 #include <strata/detail/cuda_check.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/sleep/pinned_host.hpp>
 #include <strata/source/device_source.hpp>
 
 namespace strata {
@@ -90,15 +93,59 @@ inline void driver_check(CUresult status, const char* call, std::source_location
   if (status != CUDA_SUCCESS) throw_driver_error(status, call, where);
 }
 
+/// Two non-blocking streams on one device that pause and resume copy over, pieces alternating between them
+/// so one piece's setup overlaps the other's transfer. Made on first use; destroyed with the last owner.
+struct copy_lanes {
+  explicit copy_lanes(int device) : device(device)
+  {
+    scoped_device on(device);
+    for (auto& s : streams) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
+  ~copy_lanes()
+  {
+    for (auto& s : streams) cuda_check_noexcept(cudaStreamDestroy(s));
+  }
+  copy_lanes(const copy_lanes&) = delete;
+  copy_lanes& operator=(const copy_lanes&) = delete;
+
+  /// Queues dst <- src in pieces cut at multiples of pinned_host_layout::chunk of the host address (never
+  /// across two registrations of pinned memory).
+  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const unsigned char* host)
+  {
+    scoped_device on(device);
+    constexpr std::size_t chunk = pinned_host_layout::chunk;
+    for (std::size_t done = 0; done < bytes;) {
+      const auto h = reinterpret_cast<std::uintptr_t>(host) + done;
+      const std::size_t n = std::min(bytes - done, chunk - h % chunk);
+      cuda_check(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + done, static_cast<const unsigned char*>(src) + done, n, kind, streams[next]),
+                 "cudaMemcpyAsync");
+      next ^= 1u;
+      done += n;
+    }
+  }
+  void finish()
+  {
+    scoped_device on(device);
+    for (auto& s : streams) cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
+
+  int device;
+  std::array<cudaStream_t, 2> streams{};
+  unsigned next = 0;
+};
+
 } // namespace detail
 
 /// Physical memory of one device, mapped into address ranges reserved on it, accessible from that device and
 /// the peer devices named at construction (cuMemSetAccess covers each of them: peer access enabled the
 /// runtime way does not reach memory mapped this way).
-/// Models page_backend; device_accessible. Cost: every call is a driver call, priced per call whatever the
-/// size (bench/vmm_costs times each; cuMemSetAccess and cuMemUnmap cost most); synchronize() is a
-/// cudaDeviceSynchronize of the device.
-/// Holds no mutable state but its counters, which the owning pool guards.
+/// Models page_backend and copying_page_backend; device_accessible. Cost: every call is a driver call, priced
+/// per call whatever the size (bench/vmm_costs times each; cuMemSetAccess and cuMemUnmap cost most);
+/// synchronize() is a cudaDeviceSynchronize of the device. For pause and resume: pin() is pin_host
+/// (sleep/pinned_host.hpp: chunks registered by several threads), copies go over two streams of its own in
+/// pieces of at most 64 MiB, finish_copies() waits for both streams on the host.
+/// Holds no mutable state but its counters and its copy streams (shared by copies of it), which the owning
+/// pool guards.
 class driver_pages {
 public:
   using page = CUmemGenericAllocationHandle;
@@ -202,6 +249,29 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
+  void* pin(std::size_t bytes) { return pin_host(bytes); }
+  void unpin(void* host, std::size_t bytes) noexcept { unpin_host(host, bytes); }
+  void copy_to_host(void* host, std::uintptr_t address, std::size_t bytes)
+  {
+    lanes().copy(host, reinterpret_cast<const void*>(address), bytes, cudaMemcpyDeviceToHost, static_cast<const unsigned char*>(host));
+  }
+  void copy_to_device(std::uintptr_t address, const void* host, std::size_t bytes)
+  {
+    lanes().copy(reinterpret_cast<void*>(address), host, bytes, cudaMemcpyHostToDevice, static_cast<const unsigned char*>(host));
+  }
+  void finish_copies()
+  {
+    if (lanes_ != nullptr) lanes_->finish();
+  }
+  /// What cudaMemGetInfo says is free on the device.
+  std::size_t free_bytes() const
+  {
+    std::size_t free = 0, total = 0;
+    detail::scoped_device on(device_);
+    detail::cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free;
+  }
+
   CUmemAllocationHandleType handle_types() const noexcept { return handle_types_; }
 
   /// A new POSIX file descriptor for physical allocation `p` (cuMemExportToShareableHandle), owned by the
@@ -239,7 +309,14 @@ private:
     return desc;
   }
 
+  detail::copy_lanes& lanes()
+  {
+    if (lanes_ == nullptr) lanes_ = std::make_shared<detail::copy_lanes>(device_);
+    return *lanes_;
+  }
+
   int device_ = 0;
+  std::shared_ptr<detail::copy_lanes> lanes_;
   CUmemAllocationHandleType handle_types_ = CU_MEM_HANDLE_TYPE_NONE;
   std::size_t page_size_ = 0;
   std::array<CUmemAccessDesc, max_devices> access_{};  ///< a fixed array: moves cannot throw
@@ -247,6 +324,6 @@ private:
   page_counters counts_;
 };
 
-static_assert(page_backend<driver_pages>);
+static_assert(copying_page_backend<driver_pages>);
 
 } // namespace strata
