@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <stdexcept>
+#include <vector>
 
 #include <strata/core/errors.hpp>
 #include <strata/pages/simulated_pages.hpp>
@@ -69,4 +70,56 @@ TEST_CASE("simulated_pages: capacity, injected failures and bad page sizes")
   pages.synchronize();
   pages.destroy(a);
   pages.destroy(b);
+}
+
+TEST_CASE("simulated_pages keeps contents per allocation: aliases see the same bytes, copies cross mappings, a destroyed allocation forgets")
+{
+  simulated_pages pages(page, 16 * page);
+  const std::uintptr_t base = pages.reserve(16 * page, page);
+  const auto a = pages.create(2 * page), b = pages.create(page);
+  pages.map(base, a, 2 * page);
+  pages.map(base + 2 * page, b, page);
+  pages.set_access(base, 3 * page);
+  std::vector<unsigned char> in(3000), out(3000);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 13);
+  const std::uintptr_t across = base + 2 * page - 1000;  // the last 1000 bytes of a, the first 2000 of b
+  pages.copy_to_device(across, in.data(), in.size());
+  pages.copy_to_host(out.data(), across, out.size());
+  CHECK(out == in);
+  pages.map(base + 5 * page, a, 2 * page);  // an alias of a
+  pages.set_access(base + 5 * page, 2 * page);
+  unsigned char x = 0;
+  pages.read(base + 7 * page - 1, &x, 1);
+  CHECK(x == in[999]);
+  unsigned char zero = 1;
+  pages.read(base, &zero, 1);
+  CHECK(zero == 0);  // never written
+  CHECK_THROWS_AS(pages.read(base + 3 * page, &x, 1), std::logic_error);  // nothing mapped
+  pages.unmap(base + 2 * page, page);
+  pages.destroy(b);
+  const auto c = pages.create(page);
+  pages.map(base + 2 * page, c, page);
+  pages.set_access(base + 2 * page, page);
+  pages.read(base + 2 * page, &x, 1);
+  CHECK(x == 0);  // b's bytes went with it
+  CHECK(pages.free_bytes() == 16 * page - 3 * page);
+  pages.unmap(base, 2 * page);
+  pages.unmap(base + 5 * page, 2 * page);
+  pages.unmap(base + 2 * page, page);
+  pages.destroy(a);
+  pages.destroy(c);
+}
+
+TEST_CASE("simulated_pages pins plain host memory, counted, and refuses pins and copies on request")
+{
+  simulated_pages pages;
+  void* p = pages.pin(1000);
+  CHECK(pages.pinned_bytes() == 1000);
+  pages.fail_after(simulated_pages::operation::pin, 0);
+  CHECK_THROWS_AS(pages.pin(10), strata::out_of_memory);
+  pages.fail_after(simulated_pages::operation::finish_copies, 0);
+  CHECK_THROWS_AS(pages.finish_copies(), std::runtime_error);
+  pages.finish_copies();  // once
+  pages.unpin(p, 1000);
+  CHECK(pages.pinned_bytes() == 0);
 }

@@ -246,7 +246,7 @@ public:
   std::size_t bytes_mapped() const noexcept { return granules_.size() * page_size_; }  ///< address space mapped (an aliased allocation counts at each address)
   std::size_t ranges_reserved() const noexcept { return ranges_.size(); }
   std::size_t capacity() const noexcept { return capacity_; }
-  /// The next call of `op` after `successes` more successful ones throws (create: out_of_memory; others: a
+  /// The next call of `op` after `successes` more successful ones throws (create, pin: out_of_memory; others: a
   /// std::runtime_error standing in for a driver failure). Once.
   void fail_after(operation op, std::uint64_t successes) { failures_[op] = successes + 1; }
 
@@ -266,7 +266,7 @@ private:
     const auto it = failures_.find(op);
     if (it == failures_.end() || --it->second > 0) return;
     failures_.erase(it);
-    if (op == operation::create) throw out_of_memory("simulated_pages", page_size_, "refused on purpose");
+    if (op == operation::create || op == operation::pin) throw out_of_memory("simulated_pages", page_size_, "refused on purpose");
     throw std::runtime_error("simulated_pages: call refused on purpose");
   }
 
