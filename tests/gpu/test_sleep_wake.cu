@@ -1,0 +1,231 @@
+// Sleep and wake by tag on the CUDA driver: a paused tag's contents come back byte for byte at the same
+// addresses, work queued before the pause finishes first, a hundred cycles hold device and pinned memory flat,
+// a CUDA graph captured over the blocks replays after a resume, and a resume without room changes nothing.
+// Run: strata_gpu_tests -tc='sleep_wake:*'
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <strata/default_pool.hpp>
+#include <strata/pages/driver_pages.hpp>
+#include <strata/policy/mapped_pool.hpp>
+#include <strata/sleep/tag_scope.hpp>
+#include "kernels.cuh"
+
+using namespace strata;
+
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+using device_pool = mapped_pool<driver_pages>;
+
+cudaStream_t make_stream()
+{
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  return s;
+}
+
+std::size_t device_used()
+{
+  std::size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  return total - free;
+}
+
+__global__ void add_one_kernel(const std::uint32_t* in, std::uint32_t* out, std::size_t n)
+{
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) out[i] = in[i] + 1;
+}
+
+__global__ void count_plus_one_mismatches(const std::uint32_t* p, std::size_t n, std::uint32_t seed, unsigned long long* bad)
+{
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    if (p[i] != (seed ^ static_cast<std::uint32_t>(i * 2654435761u)) + 1) atomicAdd(bad, 1ull);
+}
+
+unsigned long long plus_one_mismatches(const void* p, std::size_t bytes, std::uint32_t seed)
+{
+  unsigned long long* bad = nullptr;
+  REQUIRE(cudaMallocManaged(&bad, sizeof *bad) == cudaSuccess);
+  *bad = 0;
+  count_plus_one_mismatches<<<256, 256>>>(static_cast<const std::uint32_t*>(p), bytes / 4, seed, bad);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const unsigned long long n = *bad;
+  REQUIRE(cudaFree(bad) == cudaSuccess);
+  return n;
+}
+
+const std::size_t sizes[] = {256, 100'000, 3 * mib + 4, 5 * mib, 70 * mib + 256, 512 * mib};
+
+} // namespace
+
+TEST_CASE("sleep_wake: contents come back checksummed identical at the same addresses; a paused tag holds no device memory")
+{
+  device_pool pool;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  {
+    tag_scope weights(1);
+    for (std::size_t n : sizes) blocks.emplace_back(pool.allocate(n), n);
+  }
+  void* other = pool.allocate_tagged(2, 64 * mib);
+  std::uint32_t seed = 1;
+  for (auto [p, n] : blocks) testing::fill(p, n / 4 * 4, seed++);
+  testing::fill(other, 64 * mib, 99);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::size_t used_before = device_used();
+  const std::size_t held = pool.physical_bytes(1);
+  pool.pause({1});
+  CHECK(pool.paused(1));
+  CHECK(pool.physical_bytes(1) == 0);
+  CHECK(device_used() + held <= used_before + pool.page_size());  // the memory really went back to the device
+  CHECK(testing::mismatches(other, 64 * mib, 99) == 0);          // the other tag runs on
+  pool.resume({1});
+  seed = 1;
+  for (auto [p, n] : blocks) {
+    CHECK(pool.owns(p));
+    CHECK(testing::mismatches(p, n / 4 * 4, seed++) == 0);
+  }
+  // Without a backup the addresses come back usable, the contents do not matter.
+  pool.pause({1}, /*backup=*/false);
+  pool.resume({1});
+  for (auto [p, n] : blocks) testing::check_device_round_trip(p, n / 4 * 4);
+  for (auto [p, n] : blocks) pool.deallocate(p, n);
+  pool.deallocate(other, 64 * mib);
+}
+
+TEST_CASE("sleep_wake: kernels queued on several streams before the pause finish, and what they wrote is what comes back")
+{
+  device_pool pool;
+  cudaStream_t streams[3] = {make_stream(), make_stream(), make_stream()};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(pool.allocate_tagged(3, 96 * mib));
+  for (int i = 0; i < 3; ++i) {
+    testing::sleep_kernel<<<1, 1, 0, streams[i]>>>(200'000'000ull);  // 0.2 s: the pause comes while they run
+    testing::fill(blocks[i], 96 * mib, 40u + static_cast<std::uint32_t>(i), streams[i]);
+  }
+  pool.pause({3});  // no synchronization by the caller
+  pool.resume({3});
+  for (int i = 0; i < 3; ++i) CHECK(testing::mismatches(blocks[i], 96 * mib, 40u + static_cast<std::uint32_t>(i)) == 0);
+  for (void* p : blocks) pool.deallocate(p, 96 * mib);
+  for (auto s : streams) REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("sleep_wake: 100 cycles hold device memory and the pinned backup flat")
+{
+  device_pool pool;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  std::size_t paused_size = 0;
+  for (std::size_t n : sizes) {
+    blocks.emplace_back(pool.allocate_tagged(4, n), n);
+    paused_size += pool.good_size(n);
+  }
+  std::uint32_t seed = 7;
+  for (auto [p, n] : blocks) testing::fill(p, n / 4 * 4, seed++);
+  pool.pause({4});
+  pool.resume({4});  // the first cycle pins and makes the copy streams
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::size_t used_after_first = device_used();
+  std::size_t worst = used_after_first;
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    pool.pause({4});
+    CHECK(pool.backup_bytes() <= paused_size + pool.page_size());
+    pool.resume({4});
+    worst = std::max(worst, device_used());
+  }
+  MESSAGE("device memory used after the first cycle " << used_after_first << ", most after any later one " << worst << "; backup "
+                                                     << pool.backup_bytes() << " for " << paused_size << " paused");
+  CHECK(worst <= used_after_first + pool.page_size());
+  CHECK(pool.backup_bytes() <= paused_size + pool.page_size());
+  seed = 7;
+  for (auto [p, n] : blocks) CHECK(testing::mismatches(p, n / 4 * 4, seed++) == 0);
+  for (auto [p, n] : blocks) pool.deallocate(p, n);
+  CHECK(pool.release_backup() > 0);
+  CHECK(pool.backup_bytes() == 0);
+}
+
+TEST_CASE("sleep_wake: a CUDA graph captured over tagged blocks replays identically after resume")
+{
+  device_pool pool;
+  constexpr std::size_t n = 32 * mib;
+  void* in = pool.allocate_tagged(5, n);
+  void* out = pool.allocate_tagged(5, n);
+  cudaStream_t s = make_stream();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  testing::fill_kernel<<<256, 256, 0, s>>>(static_cast<std::uint32_t*>(in), n / 4, 11);
+  add_one_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(in), static_cast<std::uint32_t*>(out), n / 4);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(plus_one_mismatches(out, n, 11) == 0);
+  pool.pause({5}, /*backup=*/false);  // contents dropped: the replay must rebuild them at the same addresses
+  pool.resume({5});
+  REQUIRE(cudaMemset(out, 0, n) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(plus_one_mismatches(out, n, 11) == 0);
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  pool.deallocate(in, n);
+  pool.deallocate(out, n);
+}
+
+TEST_CASE("sleep_wake: resume without room is out_of_memory naming the tag; nothing is lost and a later resume succeeds")
+{
+  device_pool pool;
+  constexpr std::size_t n = 1024 * mib;
+  void* p = pool.allocate_tagged(6, n);
+  testing::fill(p, n, 21);
+  pool.pause({6});
+  std::size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  void* hog = nullptr;
+  REQUIRE(cudaMalloc(&hog, free - 512 * mib) == cudaSuccess);  // leaves less than the tag needs
+  bool refused = false;
+  try {
+    pool.resume({6});
+  } catch (const out_of_memory& e) {
+    refused = true;
+    MESSAGE(e.what());
+    CHECK(std::string(e.what()).find("tag 6") != std::string::npos);
+  }
+  CHECK(refused);
+  CHECK(pool.paused(6));
+  CHECK(pool.physical_bytes(6) == 0);
+  REQUIRE(cudaFree(hog) == cudaSuccess);
+  pool.resume({6});
+  CHECK(testing::mismatches(p, n, 21) == 0);
+  pool.deallocate(p, n);
+}
+
+TEST_CASE("sleep_wake: default_pool returns blocks cached on other streams before the pause; the live ones come back")
+{
+  default_pool pool = make_default_pool();
+  cudaStream_t a = make_stream(), b = make_stream();
+  std::vector<void*> kept;
+  {
+    tag_scope engine(7);
+    for (int i = 0; i < 4; ++i) {
+      kept.push_back(pool.allocate_async(48 * mib, 256, a));
+      testing::fill(kept.back(), 48 * mib, 60u + static_cast<std::uint32_t>(i), a);
+    }
+    void* scratch = pool.allocate_async(32 * mib, 256, b);
+    testing::fill(scratch, 32 * mib, 5, b);
+    pool.deallocate_async(scratch, 32 * mib, 256, b);  // cached by the stream layer for b
+  }
+  pause(pool, {7});
+  CHECK(pool.cached_blocks() == 0);
+  CHECK(pool.policy().physical_bytes(7) == 0);
+  CHECK(pool.policy().paused_bytes(7) == 4 * 48 * mib);
+  resume(pool, {7});
+  for (int i = 0; i < 4; ++i) CHECK(testing::mismatches(kept[static_cast<std::size_t>(i)], 48 * mib, 60u + static_cast<std::uint32_t>(i), a) == 0);
+  for (void* p : kept) pool.deallocate_async(p, 48 * mib, 256, a);
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(a) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
+}
