@@ -27,6 +27,14 @@ steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 24
 warmup = 6
 
 
+def strata_calls():
+    """What strata's stack asked of CUDA so far (driver calls, waits, events); empty under PyTorch's allocator."""
+    if allocator != "strata":
+        return {}
+    import strata_torch
+    return {k: v for k, v in strata_torch.memory_stats().items() if k.startswith("strata.calls.")}
+
+
 def wrap(model, rank):
     if mode == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
@@ -51,7 +59,7 @@ def main():
     for step, (x, y) in enumerate(batches):
         if step == warmup:
             torch.cuda.synchronize()
-            started = time.perf_counter()
+            started, calls_at_start = time.perf_counter(), strata_calls()
         x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
@@ -70,7 +78,9 @@ def main():
                           "losses": [float(v) for v in torch.stack(losses).cpu()],
                           "peak_reserved": [int(p[0]) for p in every], "peak_allocated": [int(p[1]) for p in every],
                           "steps_per_s": (steps - warmup) / seconds,
-                          "backend": torch.cuda.memory.get_allocator_backend()}), flush=True)
+                          "backend": torch.cuda.memory.get_allocator_backend(),
+                          "strata_calls_per_step": {k: (v - calls_at_start[k]) / (steps - warmup)
+                                                    for k, v in strata_calls().items()}}), flush=True)
     dist.destroy_process_group()
 
 
