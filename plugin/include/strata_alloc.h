@@ -91,6 +91,24 @@ STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures
 STRATA_ALLOC_API void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out);
 STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t stream, strata_device_figures* out);
 
+/* ---- Sleep and wake by tag (docs/sleep_wake.md; page-mapped stacks: default_pool, simulated) ------------ */
+/* This thread's allocations carry `tag` until the matching strata_tag_end (they nest; 0 is the default). */
+STRATA_ALLOC_API void strata_tag_begin(unsigned tag);
+STRATA_ALLOC_API void strata_tag_end(void);
+STRATA_ALLOC_API unsigned strata_current_tag(void);
+/* On every device with a stack: blocks held for recorded uses and the stream layer's cached blocks go back,
+ * then each tag's live blocks are copied to pinned host memory (backup != 0; otherwise dropped) and its
+ * device memory is given back, addresses kept. 0 ok; -1 with strata_last_error() (a device's failure stops
+ * there: the tags of earlier devices stay paused). */
+STRATA_ALLOC_API int strata_pause(const unsigned* tags, size_t n, int backup);
+/* Maps the tags again at the same addresses and copies their backups back. -1 with the message on failure
+ * (out of memory names the tag, the bytes needed and free; the tag stays paused and may be resumed later). */
+STRATA_ALLOC_API int strata_resume(const unsigned* tags, size_t n);
+/* Pins `bytes` ahead on `device`'s stack, so a pause up to that size pins nothing: 0 ok, -1 + message. */
+STRATA_ALLOC_API int strata_reserve_backup(int device, size_t bytes);
+/* Unpins the backup memory no paused tag holds, on every device; returns the bytes unpinned. */
+STRATA_ALLOC_API size_t strata_release_backup(void);
+
 /* ---- CuPy: CFunctionAllocator(0, strata_cupy_malloc, strata_cupy_free, owner) -------------------------- */
 STRATA_ALLOC_API void* strata_cupy_malloc(void* param, size_t size, int device);  /* null on failure, as CuPy expects */
 STRATA_ALLOC_API void strata_cupy_free(void* param, void* ptr, int device);

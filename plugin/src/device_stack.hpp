@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -16,7 +17,9 @@
 #include <strata/core/concepts.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/default_pool.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/sleep/tag_scope.hpp>
 #include <strata/stream/cuda_events.hpp>
 #include <strata/stream/identified_stream.hpp>
 
@@ -64,6 +67,12 @@ public:
   virtual void begin_allocate_to_pool(std::uint64_t pool, std::function<bool(cudaStream_t)> filter) = 0;
   virtual void end_allocate_to_pool(std::uint64_t pool) = 0;
   virtual void release_pool(std::uint64_t pool) = 0;
+  /// Sleep and wake by tag (docs/sleep_wake.md): pause first gives back every block held for recorded uses
+  /// (waiting for them), as release() does. std::logic_error where the stack's policy has no tags.
+  virtual void pause(std::span<const tag_id> tags, bool backup) = 0;
+  virtual void resume(std::span<const tag_id> tags) = 0;
+  virtual void reserve_backup(std::size_t bytes) = 0;
+  virtual std::size_t release_backup() = 0;
 };
 
 /// A stream_ordered Stack (optionally under recorder, which writes the trace to a file this holder owns).
@@ -162,6 +171,31 @@ public:
     else no_private_pools();
   }
 
+  void pause(std::span<const tag_id> tags, bool backup) override
+  {
+    if constexpr (sleeps) {
+      uses_.drain(inner().backend(), [this](void* p, std::size_t n, cudaStream_t s) { free_now(p, n, s); });
+      strata::pause(inner(), tags, backup);
+    } else {
+      no_tags();
+    }
+  }
+  void resume(std::span<const tag_id> tags) override
+  {
+    if constexpr (sleeps) strata::resume(inner(), tags);
+    else no_tags();
+  }
+  void reserve_backup(std::size_t bytes) override
+  {
+    if constexpr (sleeps) inner().policy().reserve_backup(bytes);
+    else no_tags();
+  }
+  std::size_t release_backup() override
+  {
+    if constexpr (sleeps) return inner().policy().release_backup();
+    else return 0;
+  }
+
   Stack& inner() noexcept
   {
     if constexpr (Recorded) return top_.upstream();
@@ -179,6 +213,13 @@ private:
     auto f = std::make_unique<std::ofstream>(path);
     if (!*f) throw std::invalid_argument("record=" + path + ": cannot open the trace file for writing");
     return f;
+  }
+
+  static constexpr bool sleeps = requires(Stack& s, std::span<const tag_id> t) { strata::pause(s, t, true); };
+
+  [[noreturn]] static void no_tags()
+  {
+    throw std::logic_error("sleep and wake by tag need a page-mapped stack (stack=default_pool or stack=simulated)");
   }
 
   [[noreturn]] static void no_private_pools()

@@ -17,9 +17,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <span>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <strata/default_pool.hpp>
+#include <strata/sleep/tag_scope.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/device_source.hpp>
 
@@ -459,6 +463,28 @@ simulated_streams* world_or_error(const char* where) noexcept
   return st.world.get();
 }
 
+/// This thread's tags before each strata_tag_begin still open.
+thread_local std::vector<tag_id> tag_stack;
+
+/// Calls f on every device's built stack under its lock, stopping at the first failure: 0, or -1 with the message.
+template <class F>
+int for_each_built(const char* where, F&& f) noexcept
+{
+  for (int d = 0; d < max_devices; ++d) {
+    device_slot* s = built_slot(d);
+    if (s == nullptr) continue;
+    std::lock_guard lock(*s->mutex);
+    try {
+      device_scope on(*s, d);
+      f(*s->stack);
+    } catch (const std::exception& e) {
+      set_error(where, e);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 } // namespace
 
 extern "C" {
@@ -731,6 +757,55 @@ void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t strea
 
 // CuPy: its free passes neither size nor stream, so both are remembered per block.
 thread_local cudaStream_t cupy_stream = cudaStreamLegacy;
+
+void strata_tag_begin(unsigned tag)
+{
+  try {
+    tag_stack.push_back(std::exchange(strata::detail::thread_tag, tag));
+  } catch (const std::exception& e) {
+    set_error("tag_begin", e);
+  }
+}
+
+void strata_tag_end(void)
+{
+  if (tag_stack.empty()) return set_error("tag_end", std::string("no strata_tag_begin to end"));
+  strata::detail::thread_tag = tag_stack.back();
+  tag_stack.pop_back();
+}
+
+unsigned strata_current_tag(void) { return strata::current_tag(); }
+
+int strata_pause(const unsigned* tags, size_t n, int backup)
+{
+  return for_each_built("pause", [&](device_stack& stack) { stack.pause(std::span<const tag_id>(tags, n), backup != 0); });
+}
+
+int strata_resume(const unsigned* tags, size_t n)
+{
+  return for_each_built("resume", [&](device_stack& stack) { stack.resume(std::span<const tag_id>(tags, n)); });
+}
+
+int strata_reserve_backup(int device, size_t bytes)
+{
+  try {
+    device_slot& s = slot_for(device);
+    std::lock_guard lock(*s.mutex);
+    device_scope on(s, device);
+    s.stack->reserve_backup(bytes);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("reserve_backup", e);
+    return -1;
+  }
+}
+
+size_t strata_release_backup(void)
+{
+  std::size_t n = 0;
+  (void)for_each_built("release_backup", [&](device_stack& stack) { n += stack.release_backup(); });
+  return n;
+}
 
 void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
 {

@@ -722,3 +722,50 @@ TEST_CASE("C API: free of a pointer on a device that never allocated is reported
           EXPECT(strata_base_alloc(&local, nullptr) == &local);
         }) == "");
 }
+
+TEST_CASE("C API: sleep and wake by tag on the simulated stack (tag_begin/end, pause, resume, the backup, bad use)")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=256MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_current_tag() == 0);
+          strata_tag_begin(3);
+          EXPECT(strata_current_tag() == 3);
+          void* weights = strata_malloc(40 * MiB, 0, a);
+          strata_tag_begin(4);
+          void* cache = strata_malloc(100 * MiB, 0, a);
+          strata_tag_end();
+          strata_tag_end();
+          EXPECT(strata_current_tag() == 0);
+          strata_tag_end();  // one too many: an error, nothing changes
+          EXPECT(mentions("no strata_tag_begin"));
+          EXPECT(weights != nullptr && cache != nullptr);
+          const long long reserved = stat(0, "reserved_bytes.all.current");
+          EXPECT(strata_reserve_backup(0, 40 * MiB) == 0);
+          const unsigned trainer[] = {3};
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          EXPECT(stat(0, "reserved_bytes.all.current") <= reserved - static_cast<long long>(40 * MiB));
+          EXPECT(strata_pause(trainer, 1, 1) == -1);  // already paused
+          EXPECT(mentions("already paused"));
+          strata_tag_begin(3);
+          EXPECT(strata_malloc(1000, 0, a) == nullptr);  // allocating into a sleeping tag
+          EXPECT(mentions("paused"));
+          strata_tag_end();
+          // The other tag fills the device: waking the trainer does not fit, and says so.
+          strata_tag_begin(4);
+          void* more = strata_malloc(120 * MiB, 0, a);
+          strata_tag_end();
+          EXPECT(more != nullptr);
+          EXPECT(strata_resume(trainer, 1) == -1);
+          EXPECT(mentions("tag 3"));
+          strata_free(more, 120 * MiB, 0, a);
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(strata_resume(trainer, 1) == -1);  // running
+          EXPECT(strata_release_backup() == 40 * MiB);
+          strata_free(weights, 40 * MiB, 0, a);
+          strata_free(cache, 100 * MiB, 0, a);
+          const unsigned unknown[] = {9};
+          EXPECT(strata_pause(unknown, 1, 0) == -1);
+          EXPECT(mentions("never used"));
+        }) == "");
+}
