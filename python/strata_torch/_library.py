@@ -111,6 +111,14 @@ _PROTOTYPES = [
     ("strata_begin_allocate_to_pool", None, None, False),   # C++ arguments (MempoolId_t, std::function):
     ("strata_end_allocate_to_pool", None, None, False),     # only their addresses are handed to PyTorch
     ("strata_release_pool", None, None, False),
+    # Sleep and wake by tag (docs/sleep_wake.md): optional, so an older library still loads.
+    ("strata_tag_begin", None, [ctypes.c_uint], False),
+    ("strata_tag_end", None, [], False),
+    ("strata_current_tag", ctypes.c_uint, [], False),
+    ("strata_pause", _INT, [ctypes.POINTER(ctypes.c_uint), _SIZE, _INT], False),
+    ("strata_resume", _INT, [ctypes.POINTER(ctypes.c_uint), _SIZE], False),
+    ("strata_reserve_backup", _INT, [_INT, _SIZE], False),
+    ("strata_release_backup", _SIZE, [], False),
     ("strata_cupy_malloc", _VOIDP, [_VOIDP, _SIZE, _INT], False),
     ("strata_cupy_free", None, [_VOIDP, _VOIDP, _INT], False),
     ("strata_cupy_set_stream", None, [_VOIDP], False),
@@ -200,6 +208,43 @@ class Library:
     def reset(self):
         if self.has("strata_reset"):
             self._functions["strata_reset"]()
+
+    def _sleep_function(self, name):
+        if name not in self._functions:
+            raise RuntimeError(f"strata: {self.path} has no {name}: a plug-in older than sleep and wake by tag")
+        return self._functions[name]
+
+    def _tag_call(self, name, tags, *rest):
+        ids = (ctypes.c_uint * len(tags))(*tags)
+        if self._sleep_function(name)(ids, len(tags), *rest) != 0:
+            message = self.last_error()
+            if "out of memory" in message:
+                raise MemoryError(f"strata: {message}")
+            raise RuntimeError(f"strata: {message}")
+
+    def tag_begin(self, tag):
+        self._sleep_function("strata_tag_begin")(tag)
+
+    def tag_end(self):
+        self._sleep_function("strata_tag_end")()
+
+    def current_tag(self):
+        return int(self._sleep_function("strata_current_tag")())
+
+    def pause(self, tags, backup=True):
+        """Pauses the tags (integers) on every device: RuntimeError with the plug-in's message on failure."""
+        self._tag_call("strata_pause", tags, 1 if backup else 0)
+
+    def resume(self, tags):
+        """Resumes the tags: MemoryError when they do not fit (they stay paused), RuntimeError otherwise."""
+        self._tag_call("strata_resume", tags)
+
+    def reserve_backup(self, device, size):
+        if self._sleep_function("strata_reserve_backup")(device, size) != 0:
+            raise RuntimeError(f"strata: reserve_backup: {self.last_error()}")
+
+    def release_backup(self):
+        return int(self._sleep_function("strata_release_backup")())
 
     def cupy_set_stream(self, stream_ptr):
         self._functions["strata_cupy_set_stream"](stream_ptr)
