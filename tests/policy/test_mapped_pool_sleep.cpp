@@ -221,6 +221,35 @@ TEST_CASE("mapped_pool resume without room: out_of_memory naming the tag and the
   pool.deallocate(a, 30 * mib);
 }
 
+TEST_CASE("mapped_pool tags: max_physical caps all tags together; other tags' idle memory goes first")
+{
+  pool_t pool(simulated_pages(page), {.max_physical = 64 * mib});
+  void* a = pool.allocate_tagged(1, 40 * mib);
+  try {
+    (void)pool.allocate_tagged(2, 40 * mib);
+    FAIL("two tags went over the cap together");
+  } catch (const out_of_memory& e) {
+    CHECK(std::string(e.what()).find("all tags together") != std::string::npos);
+  }
+  CHECK(pool.physical_bytes() <= 64 * mib);
+  pool.pause({1});
+  void* b = pool.allocate_tagged(2, 40 * mib);
+  try {
+    pool.resume({1});
+    FAIL("resumed over the cap");
+  } catch (const out_of_memory& e) {
+    CHECK(std::string(e.what()).find("the pool's cap") != std::string::npos);
+  }
+  CHECK(pool.paused(1));
+  pool.deallocate(b, 40 * mib);  // idle in tag 2: given back to make room
+  pool.resume({1});
+  CHECK(pool.physical_bytes(2) == 0);
+  CHECK(pool.physical_bytes() <= 64 * mib);
+  void* c = pool.allocate_tagged(3, 20 * mib);  // fits beside tag 1
+  pool.deallocate(c, 20 * mib);
+  pool.deallocate(a, 40 * mib);
+}
+
 TEST_CASE("mapped_pool sleep: bad use is refused before anything changes")
 {
   pool_t pool;

@@ -78,6 +78,15 @@ inline std::size_t pages_touched(const std::vector<std::pair<std::uintptr_t, std
   return pages;
 }
 
+/// Out of room to wake a tag: names the tag, the bytes of pages it needs and what is free (`where`: the
+/// device, or the pool's cap).
+[[noreturn]] inline void throw_no_room(tag_id tag, std::size_t need, std::size_t free, const char* where)
+{
+  throw out_of_memory("mapped_pool", need, "resuming tag " + std::to_string(tag) + " needs " + std::to_string(need) +
+                                               " bytes of pages, " + where + " has " + std::to_string(free) +
+                                               " free; the tag stays paused, its backup kept");
+}
+
 /// Lists a tag's live blocks, waits for the device (the work queued on them finishes first) and, with a
 /// backup, copies each to pinned memory taken from `store`. Nothing in the pool changes: on failure the
 /// backup's room goes back to the store and the tag runs on. Costs: one device-wide wait, a pin only when no
@@ -124,10 +133,7 @@ void copy_in(Core& core, Pages& pages, const backup_store& store, const sleeping
     try {
       core.restore(blocks);
     } catch (const out_of_memory&) {
-      const std::size_t need = pages_touched(blocks, pages.page_size()) * pages.page_size();
-      throw out_of_memory("mapped_pool", need, "resuming tag " + std::to_string(tag) + " needs " + std::to_string(need) +
-                                                   " bytes of pages, the device has " + std::to_string(pages.free_bytes()) +
-                                                   " free; the tag stays paused, its backup kept");
+      throw_no_room(tag, pages_touched(blocks, pages.page_size()) * pages.page_size(), pages.free_bytes(), "the device");
     }
   }
   if (!t.backed) return;

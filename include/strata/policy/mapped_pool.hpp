@@ -44,7 +44,8 @@ namespace strata {
 /// (detail/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
 /// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
 /// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/backup_store.hpp). A tag's
-/// idle memory serves only that tag; when the device runs out, other tags' idle memory is given back first.
+/// idle memory serves only that tag; when the device or `max_physical` (all tags together) runs out, other
+/// tags' idle memory is given back first.
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
@@ -103,6 +104,9 @@ public:
   {
     if (tag == 0 && tags_.empty()) [[likely]] return core_.allocate(bytes, alignment);
     core& c = tag_core(tag, "allocate into");
+    if (over_cap(good_size(bytes, alignment)) && !c.has_room_for(bytes, alignment) && (!release_idle_except(c) || over_cap(good_size(bytes))))
+      throw out_of_memory("mapped_pool", bytes, "the physical cap of " + std::to_string(settings().max_physical) + " bytes is reached by " +
+                                                    std::to_string(physical_bytes()) + " bytes of all tags together");
     void* p = nullptr;
     try {
       p = c.allocate(bytes, alignment);
@@ -335,6 +339,12 @@ private:
     return tag == 0 ? core_ : *tags_[tag].pool;
   }
 
+  /// Whether `bytes` more would lift all tags together over max_physical (each tag's pool checks only its own).
+  bool over_cap(std::size_t bytes) const noexcept
+  {
+    return settings().max_physical != SIZE_MAX && physical_bytes() + bytes > settings().max_physical;
+  }
+
   /// Gives back every other tag's idle memory; whether there was any.
   bool release_idle_except(const core& keep)
   {
@@ -358,6 +368,9 @@ private:
   void resume_one(tag_id tag)
   {
     core& c = tag == 0 ? core_ : *tags_[tag].pool;
+    const std::size_t need = detail::pages_touched(tags_[tag].sleep->blocks, page_size()) * page_size();
+    if (over_cap(need) && (!release_idle_except(c) || over_cap(need)))
+      detail::throw_no_room(tag, need, settings().max_physical - std::min(settings().max_physical, physical_bytes()), "the pool's cap");
     detail::copy_in(c, backend_, backup_, *tags_[tag].sleep, tag, [&] { (void)release_idle_except(c); });
     backup_.give(tags_[tag].sleep->backup);
     tags_[tag].sleep.reset();
