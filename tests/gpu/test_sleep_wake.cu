@@ -1,6 +1,7 @@
 // Sleep and wake by tag on the CUDA driver: a paused tag's contents come back byte for byte at the same
 // addresses, work queued before the pause finishes first, a hundred cycles hold device and pinned memory flat,
-// a CUDA graph captured over the blocks replays after a resume, and a resume without room changes nothing.
+// a CUDA graph captured over the blocks replays after a resume, a resume without room changes nothing, and
+// pinned backups are page-locked in every chunk.
 // Run: strata_gpu_tests -tc='sleep_wake:*'
 #include <doctest/doctest.h>
 
@@ -10,6 +11,7 @@
 #include <strata/default_pool.hpp>
 #include <strata/pages/driver_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
+#include <strata/sleep/pinned_host.hpp>
 #include <strata/sleep/tag_scope.hpp>
 #include "kernels.cuh"
 
@@ -228,4 +230,30 @@ TEST_CASE("sleep_wake: default_pool returns blocks cached on other streams befor
   REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(a) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
+}
+
+TEST_CASE("sleep_wake: pin_host memory is page-locked in every chunk, and driver_pages copies across the chunks' seams")
+{
+  constexpr std::size_t n = 200 * mib + 4096;  // four registrations, the last partly used
+  auto* host = static_cast<unsigned char*>(pin_host(n));
+  REQUIRE(host != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(host) % pinned_host_layout::chunk == 0);
+  for (std::size_t off = 0; off < n; off += pinned_host_layout::chunk) {
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, host + off) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);
+  }
+  device_pool pool;
+  void* a = pool.allocate(n);
+  void* b = pool.allocate(n);
+  testing::fill(a, n, 31);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  pool.backend().copy_to_host(host + 256, reinterpret_cast<std::uintptr_t>(a), n - 256);  // off the seams on purpose
+  pool.backend().finish_copies();
+  pool.backend().copy_to_device(reinterpret_cast<std::uintptr_t>(b), host + 256, n - 256);
+  pool.backend().finish_copies();
+  CHECK(testing::mismatches(b, n - 256, 31) == 0);
+  pool.deallocate(a, n);
+  pool.deallocate(b, n);
+  unpin_host(host, n);
 }
