@@ -1,3 +1,5 @@
+// detail::page_table: which pages live blocks use, and so which mappings are busy or idle; the mappings
+// themselves are test_page_mappings.cpp's.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -15,24 +17,7 @@ namespace {
 constexpr std::size_t page = std::size_t{2} << 20;
 constexpr std::size_t range_bytes = std::size_t{1} << 30;
 
-/// A page backend that forwards to a simulated device the test keeps, so the device can be looked at after
-/// the table that used it is gone.
-struct device_ref {
-  using page = simulated_pages::page;
-  simulated_pages* device = nullptr;
-  std::size_t page_size() const noexcept { return device->page_size(); }
-  std::uintptr_t reserve(std::size_t bytes, std::size_t alignment) { return device->reserve(bytes, alignment); }
-  void unreserve(std::uintptr_t address, std::size_t bytes) noexcept { device->unreserve(address, bytes); }
-  page create(std::size_t bytes) { return device->create(bytes); }
-  void destroy(page p) noexcept { device->destroy(p); }
-  void map(std::uintptr_t address, page p, std::size_t bytes) { device->map(address, p, bytes); }
-  void set_access(std::uintptr_t address, std::size_t bytes) { device->set_access(address, bytes); }
-  void unmap(std::uintptr_t address, std::size_t bytes) { device->unmap(address, bytes); }
-  void synchronize() { device->synchronize(); }
-  const page_counters& counts() const noexcept { return device->counts(); }
-};
-static_assert(page_backend<device_ref>);
-using table_t = detail::page_table<device_ref>;
+using table_t = detail::page_table<simulated_pages>;
 
 /// Maps pages [first, last] of range 0 (runs of at most `max_run` pages) and counts one live block on them.
 void map_and_hold(table_t& t, std::size_t first, std::size_t last, std::size_t max_run = 64)
@@ -46,32 +31,10 @@ void map_and_hold(table_t& t, std::size_t first, std::size_t last, std::size_t m
 }
 } // namespace
 
-TEST_CASE("page_table: runs of unmapped pages get one mapping each, split at the longest run")
-{
-  simulated_pages device(page);
-  table_t t(device_ref{&device});
-  t.reserve(0, range_bytes, range_bytes);
-  auto& r = t.band(0);
-  t.grow(r, 10);
-  CHECK(r.pages.size() >= 10);
-  CHECK(t.census(r, 0, 9).unmapped == 10);
-  std::size_t made = 0;
-  t.map_unmapped(r, 2, 6, 5 * page, 2, [&] { ++made; });  // pages 2-3, 4-5, 6
-  CHECK(made == 3);
-  CHECK(t.mappings_live() == 3);
-  CHECK(t.physical() == 5 * page);
-  CHECK(device.bytes_alive() == 5 * page);
-  CHECK(t.unmapped_pages(r, t.address_of(r, 0), 8 * page) == 3);  // pages 0, 1 and 7
-  CHECK(t.page_of(r, t.address_of(r, 4) + 100) == 4);
-  CHECK(t.band_of(r.base + page) == 0);
-  CHECK(r.pages[2].mapping == r.pages[3].mapping);
-  CHECK(r.pages[3].mapping != r.pages[4].mapping);
-}
-
 TEST_CASE("page_table: a mapping no live page touches is idle until held again; reclaim gives idle ones back")
 {
-  simulated_pages device(page);
-  table_t t(device_ref{&device});
+  table_t t{simulated_pages(page)};
+  auto& device = t.backend();
   t.reserve(0, range_bytes, range_bytes);
   map_and_hold(t, 0, 3);
   map_and_hold(t, 8, 9);
@@ -97,55 +60,9 @@ TEST_CASE("page_table: a mapping no live page touches is idle until held again; 
   CHECK(t.peak_physical() == 2 * page);
 }
 
-TEST_CASE("page_table: a failed mapping leaves the table as it was")
-{
-  simulated_pages device(page);
-  table_t t(device_ref{&device});
-  t.reserve(0, range_bytes, range_bytes);
-  auto& r = t.band(0);
-  t.grow(r, 8);
-  device.fail_after(simulated_pages::operation::map, 1);  // the second run's map fails
-  CHECK_THROWS(t.map_unmapped(r, 0, 3, 4 * page, 2, [] {}));
-  CHECK(t.mappings_live() == 0);
-  CHECK(t.physical() == 0);
-  CHECK(device.bytes_alive() == 0);
-  CHECK(t.census(r, 0, 3).unmapped == 4);
-}
-
-TEST_CASE("page_table: destroyed or assigned to, it gives every mapping and range back; a move leaves it empty")
-{
-  simulated_pages device(page);
-  {
-    table_t t(device_ref{&device});
-    t.reserve(0, range_bytes, range_bytes);
-    t.reserve(1, range_bytes, range_bytes);
-    map_and_hold(t, 0, 4);
-    CHECK(device.ranges_reserved() == 2);
-    table_t moved(std::move(t));
-    CHECK(moved.physical() == 5 * page);
-    CHECK(t.physical() == 0);  // NOLINT(bugprone-use-after-move): specified empty
-    CHECK(t.mappings_live() == 0);
-    CHECK(t.band(0).size == 0);
-    simulated_pages other(page);
-    table_t fresh(device_ref{&other});
-    fresh.reserve(0, range_bytes, range_bytes);
-    moved = std::move(fresh);  // the device's mappings and ranges go back first
-    CHECK(device.bytes_alive() == 0);
-    CHECK(device.bytes_mapped() == 0);
-    CHECK(device.ranges_reserved() == 0);
-    CHECK(other.ranges_reserved() == 1);
-    t.reserve(0, range_bytes, range_bytes);  // the moved-from table is usable
-    map_and_hold(t, 0, 0);
-    CHECK(device.bytes_alive() == page);
-  }
-  CHECK(device.bytes_alive() == 0);
-  CHECK(device.ranges_reserved() == 0);
-}
-
 TEST_CASE("page_table: holding and letting go a block writes its first and last pages' entries only, whatever its length")
 {
-  simulated_pages device(page);
-  table_t t(device_ref{&device});
+  table_t t{simulated_pages(page)};
   t.reserve(0, range_bytes, range_bytes);
   auto& r = t.band(0);
   map_and_hold(t, 0, 499, 64);  // eight mappings
@@ -169,8 +86,7 @@ TEST_CASE("page_table: holding and letting go a block writes its first and last 
 TEST_CASE("page_table: randomized blocks over runs of mappings and gaps agree with a page-by-page count")
 {
   constexpr std::size_t pages = 300;
-  simulated_pages device(page);
-  table_t t(device_ref{&device});
+  table_t t{simulated_pages(page)};
   t.reserve(0, range_bytes, range_bytes);
   auto& r = t.band(0);
   t.grow(r, pages);
@@ -242,4 +158,88 @@ TEST_CASE("page_table: randomized blocks over runs of mappings and gaps agree wi
   }
   CHECK(holds > 300);
   CHECK(checks > 1000);
+}
+
+TEST_CASE("page_table: a block over two pages of one mapping counts an edge on each and two busy pages")
+{
+  table_t t{simulated_pages(page)};
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  map_and_hold(t, 0, 3);
+  t.let_go(r, 0, 3);
+  CHECK(t.idle_bytes() == 4 * page);
+  t.hold(r, 1, 2);  // a small block across a page boundary
+  t.hold(r, 2, 2);  // another on its last page
+  CHECK(t.live_pages() == 2);
+  CHECK(t.idle_bytes() == 0);
+  t.let_go(r, 1, 2);
+  CHECK(t.live_pages() == 1);  // page 2 still has a live block
+  CHECK(t.idle_bytes() == 0);
+  t.let_go(r, 2, 2);
+  CHECK(t.live_pages() == 0);
+  CHECK(t.idle_bytes() == 4 * page);
+  CHECK(t.peak_live_pages() == 4);
+}
+
+TEST_CASE("page_table: census and unmapped_pages see mappings, gaps and the end of the table")
+{
+  table_t t{simulated_pages(page)};
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  map_and_hold(t, 2, 5);   // busy
+  map_and_hold(t, 8, 8);
+  t.let_go(r, 8, 8);       // idle
+  const auto c = t.census(r, 0, 9);
+  CHECK(c.unmapped == 5);  // pages 0, 1, 6, 7 and 9
+  CHECK(c.idle_bytes == page);
+  CHECK(t.census(r, 3, 4).unmapped == 0);
+  CHECK(t.census(r, 3, 4).idle_bytes == 0);
+  CHECK(t.unmapped_pages(r, t.address_of(r, 2) + 256, page) == 0);           // within one mapping
+  CHECK(t.unmapped_pages(r, t.address_of(r, 5) + 256, page) == 1);           // runs into page 6
+  CHECK(t.unmapped_pages(r, t.address_of(r, 1000), 3 * page) == 3);          // past the table's end
+}
+
+TEST_CASE("page_table: pages_ahead reaches the wanted run over free unmapped pages, never into a mapping")
+{
+  table_t t{simulated_pages(page)};
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  map_and_hold(t, 10, 11);
+  using span = detail::page_span;
+  CHECK(t.pages_ahead(r, span{3, 4, 0, 20}, 8, 64) == 5);    // pages 5-9: the mapping at page 10 stops it
+  CHECK(t.pages_ahead(r, span{3, 4, 0, 6}, 8, 64) == 2);     // the free block ends at page 6
+  CHECK(t.pages_ahead(r, span{3, 4, 0, 20}, 2, 64) == 0);    // the run already has two pages
+  CHECK(t.pages_ahead(r, span{10, 11, 10, 20}, 8, 64) == 0); // mapped: nothing to map
+  CHECK(t.pages_ahead(r, span{0, 4, 0, 100}, 3, 4) == 2);    // runs split at 4 pages: the last one has 1
+  t.grow(r, 14);                                             // as the pool does for the span first
+  CHECK(t.pages_ahead(r, span{12, 13, 12, 100}, 8, 64) == 6);
+  CHECK(r.pages.size() >= 20);                               // grown to cover them
+}
+
+TEST_CASE("page_table: a reclaim that keeps spares hands them to the next mappings of their length")
+{
+  table_t t{simulated_pages(page)};
+  auto& device = t.backend();
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  map_and_hold(t, 0, 1, 2);
+  map_and_hold(t, 4, 6, 3);
+  t.let_go(r, 0, 1);
+  t.let_go(r, 4, 6);
+  t.reclaim(nullptr, 0, 0, SIZE_MAX, 0, /*keep_spares=*/true);
+  CHECK(t.physical() == 0);
+  CHECK(t.spare_count() == 2);
+  CHECK(device.bytes_alive() == 5 * page);  // unmapped, not released
+  const auto creates = device.counts().creates;
+  t.grow(r, 12);
+  t.map_unmapped(r, 10, 11, 2 * page, 64, [] {});  // the two-page spare
+  CHECK(device.counts().creates == creates);
+  CHECK(t.spare_count() == 1);
+  CHECK(t.physical() == 2 * page);
+  t.grow(r, 21);
+  t.map_unmapped(r, 20, 20, page, 64, [] {});  // no one-page spare: a new allocation
+  CHECK(device.counts().creates == creates + 1);
+  t.drop_spares();
+  CHECK(t.spare_count() == 0);
+  CHECK(device.bytes_alive() == 3 * page);
 }

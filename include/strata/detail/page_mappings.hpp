@@ -1,0 +1,352 @@
+#pragma once
+// The physical allocations ("mappings") behind mapped_pool's two reserved address ranges: reserving the
+// ranges, mapping runs of pages, reclaiming idle mappings, and the ranges relocations left mapped ("stale
+// ranges", mapping_relocation.hpp). It owns the backend and everything taken from it: destroyed, or assigned
+// to, it waits for the device once and gives every mapping, stale range and address range back; a move leaves
+// the other empty. Which live blocks use which pages is page_table.hpp's, built on this.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <strata/detail/address_range.hpp>
+#include <strata/detail/emptied_on_move.hpp>
+#include <strata/detail/mapping_slots.hpp>
+#include <strata/detail/page_range.hpp>
+#include <strata/detail/spare_allocations.hpp>
+#include <strata/pages/page_backend.hpp>
+
+namespace strata::detail {
+
+template <class Backend>
+class mapping_relocation;
+
+/// Models the owner of a backend's reservations and allocations, with the records (mapping_slots.hpp), page
+/// entries (page_range.hpp) and spares (spare_allocations.hpp) that say where each allocation is mapped.
+/// Cost: a new mapping three backend calls (two where it takes a spare a reclaim left), writing its pages'
+/// entries once and inserting it in its range's run order; reclaim one device wait and two backend calls per
+/// mapping given back (one where it is kept as a spare; a scan of the idle queue).
+/// Never allocates but in grow, map_unmapped, reserve_runs and reclaim, which change nothing when they throw.
+template <page_backend Backend>
+class page_mappings {
+public:
+  static constexpr std::uint32_t no_mapping = page_state::no_mapping;
+  static constexpr std::uint32_t stale_mapping = page_state::stale_mapping;
+  using page_handle = typename Backend::page;
+  using mapping = mapping_record<page_handle>;
+  using range = page_range;
+  using piece = page_piece;
+
+  /// Where a relocated allocation was mapped before: still mapped (until `unmapped`), its blocks replaced by
+  /// one block that is neither free nor live (`holder`), so nothing lands there while it aliases memory in use.
+  struct stale_range {
+    std::uint32_t band = 0;
+    std::size_t first = 0;
+    std::size_t count = 0;
+    address_block* holder = nullptr;
+    std::uint32_t slot = 0;  ///< the mapping that moved
+    bool unmapped = false;
+  };
+
+  explicit page_mappings(Backend backend) : backend_(std::move(backend)) {}
+  page_mappings(page_mappings&&) noexcept = default;
+  page_mappings& operator=(page_mappings&& other) noexcept
+  {
+    if (this != &other) {
+      give_back_all();
+      backend_ = std::move(other.backend_);
+      s_ = std::move(other.s_);
+    }
+    return *this;
+  }
+  page_mappings(const page_mappings&) = delete;
+  page_mappings& operator=(const page_mappings&) = delete;
+  ~page_mappings() { give_back_all(); }
+
+  Backend& backend() noexcept { return backend_; }
+  const Backend& backend() const noexcept { return backend_; }
+  std::size_t page_size() const noexcept { return backend_.page_size(); }
+
+  range& band(std::uint32_t i) noexcept { return s_.ranges[i]; }
+  const range& band(std::uint32_t i) const noexcept { return s_.ranges[i]; }
+  std::uint32_t index_of(const range& r) const noexcept { return static_cast<std::uint32_t>(&r - s_.ranges.data()); }
+  std::uint32_t band_of(std::uintptr_t address) const noexcept { return address - s_.ranges[0].base < s_.ranges[0].size ? 0 : 1; }
+  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) / page_size(); }
+  std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + page * page_size(); }
+  std::size_t bytes_of(const mapping& m) const noexcept { return m.count * page_size(); }
+  const mapping& slot(std::uint32_t i) const noexcept { return s_.mappings[i]; }
+
+  std::size_t physical() const noexcept { return s_.physical; }
+  std::size_t peak_physical() const noexcept { return s_.peak_physical; }
+  std::size_t idle_bytes() const noexcept { return s_.idle_bytes; }
+  std::size_t live_pages() const noexcept { return s_.live_pages; }
+  std::size_t peak_live_pages() const noexcept { return s_.peak_live_pages; }
+  std::size_t mappings_live() const noexcept { return s_.mappings_live; }
+  std::size_t stale_bytes() const noexcept { return s_.stale_bytes; }
+  bool has_stale() const noexcept { return !s_.stale.empty(); }
+  std::size_t stale_count() const noexcept { return s_.stale.size(); }
+  /// How many of the oldest stale ranges a device wait has covered (they can be given back without one).
+  std::size_t stale_covered() const noexcept { return s_.stale_safe; }
+  std::uint64_t relocations() const noexcept { return s_.relocations; }
+  /// Per-page entries written so far (live counts and the mapping behind a page): what a block's size would
+  /// cost if page state were kept page by page.
+  std::uint64_t page_state_updates() const noexcept { return s_.page_state_updates; }
+  void reset_peak() noexcept
+  {
+    s_.peak_physical = s_.physical;
+    s_.peak_live_pages = s_.live_pages;
+  }
+
+  /// Reserves `bytes` of address space (aligned to `alignment`) as range `i`.
+  std::uintptr_t reserve(std::uint32_t i, std::size_t bytes, std::size_t alignment)
+  {
+    const std::uintptr_t base = backend_.reserve(bytes, alignment);
+    s_.ranges[i] = range{.base = base, .size = bytes, .pages = {}, .runs = {}};
+    return base;
+  }
+  void unreserve(std::uint32_t i) noexcept
+  {
+    backend_.unreserve(s_.ranges[i].base, s_.ranges[i].size);
+    s_.ranges[i] = range{};
+  }
+
+  // page_range's lookups, with this table's page size and mapping records.
+  void grow(range& r, std::size_t pages) { r.grow(pages, page_size()); }
+  piece piece_at(const range& r, std::size_t p, std::size_t last) const noexcept { return r.piece_at(p, last, s_.mappings); }
+  template <class F>
+  void for_each_piece(const range& r, std::size_t first, std::size_t last, F&& f) const noexcept
+  {
+    r.for_each_piece(first, last, s_.mappings, std::forward<F>(f));
+  }
+
+  /// One physical allocation per run of unmapped pages in [first, last] (`needed` bytes in all, runs split at
+  /// `max_run` pages); all or none. `mapped()` is called after each allocation made.
+  template <class Mapped>
+  void map_unmapped(range& r, std::size_t first, std::size_t last, std::size_t needed, std::size_t max_run, Mapped&& mapped)
+  {
+    s_.reserve(needed / page_size());
+    reserve_runs(r, needed / page_size());
+    std::vector<std::uint32_t> made;
+    made.reserve(needed / page_size());
+    try {
+      for (std::size_t p = first; p <= last;) {
+        const piece pc = piece_at(r, p, last);  // looked up again: each mapping made adds a run
+        if (pc.slot != no_mapping) {
+          p = pc.last + 1;
+          continue;
+        }
+        const std::size_t run = std::min(pc.last - p + 1, max_run);
+        made.push_back(map_one(r, p, run));
+        mapped();
+        p += run;
+      }
+    } catch (...) {
+      for (std::uint32_t slot : made) drop_mapping(slot);
+      throw;
+    }
+  }
+
+  /// One device wait, then idle mappings, those idle longest first, are unmapped and released until `want`
+  /// bytes are gone; mappings of range `keep` touching pages [first, last] (the request being served) stay, as
+  /// do those still aliased by a stale range. The wait covers every stale range: the first `stale_limit` are
+  /// unmapped now (those made by the call under way may yet be undone). With `keep_spares`, the physical
+  /// allocations unmapped are not released but kept as spares: the next mappings of the same size take them
+  /// instead of new ones (the wait made them as safe to reuse anywhere), and drop_spares releases the rest.
+  void reclaim(const range* keep, std::size_t first, std::size_t last, std::size_t want, std::size_t stale_limit, bool keep_spares = false)
+  {
+    std::vector<std::uint32_t> kept;
+    kept.reserve(s_.mappings_live);
+    if (keep_spares) s_.spares.reserve(s_.mappings_live);
+    backend_.synchronize();
+    s_.stale_safe = s_.stale.size();
+    unmap_safe_stale(stale_limit);
+    std::size_t done = 0;
+    try {
+      while (s_.has_queued() && done < want) {
+        const std::uint32_t slot = s_.next_queued();
+        mapping& m = s_.mappings[slot];
+        if (!m.idle) {
+          m.listed = false;  // stale: reused since it went idle
+        } else if ((keep != nullptr && &s_.ranges[m.band] == keep && m.first <= last && m.first + m.count > first) || m.aliases != 0) {
+          kept.push_back(slot);
+        } else {
+          backend_.unmap(address_of(s_.ranges[m.band], m.first), bytes_of(m));  // throws before anything changed
+          m.listed = false;
+          m.idle = false;
+          s_.idle_bytes -= bytes_of(m);
+          done += bytes_of(m);
+          if (keep_spares) s_.spares.keep(m.page, m.count);  // room reserved
+          release_unmapped(slot, /*destroy=*/!keep_spares);
+        }
+        s_.pop_queued();
+      }
+    } catch (...) {
+      s_.list_idle(kept);
+      throw;
+    }
+    s_.list_idle(kept);
+  }
+
+  /// Releases the spares no new mapping took.
+  void drop_spares() noexcept
+  {
+    s_.spares.release_all([&](page_handle page) noexcept { backend_.destroy(page); });
+  }
+  std::size_t spare_count() const noexcept { return s_.spares.size(); }
+
+  /// Unmaps the first `limit` stale ranges (a device wait since they were made), so their allocations can be
+  /// released; their holders stay until mapping_relocation::tidy. Stops at a failed unmap.
+  void unmap_safe_stale(std::size_t limit) noexcept
+  {
+    for (std::size_t i = 0; i < std::min(limit, s_.stale_safe); ++i)
+      if (!s_.stale[i].unmapped && !unmap_stale(s_.stale[i])) return;
+  }
+
+protected:
+  friend class mapping_relocation<Backend>;
+
+  /// The mappings' records and idle queue (mapping_slots), and everything else the table keeps.
+  struct state : mapping_slots<page_handle> {
+    std::array<range, 2> ranges{};
+    spare_allocations<page_handle> spares;   ///< unmapped, not counted in physical; empty between calls
+    std::vector<stale_range> stale;          ///< oldest first
+    std::size_t stale_safe = 0;              ///< how many of the oldest stale ranges a device wait has covered
+    std::size_t stale_bytes = 0;             ///< address space of stale ranges still mapped
+    std::uint64_t relocations = 0;
+    std::uint64_t page_state_updates = 0;
+    std::size_t physical = 0;
+    std::size_t peak_physical = 0;
+    std::size_t idle_bytes = 0;
+    std::size_t live_pages = 0;              ///< pages some live block touches
+    std::size_t peak_live_pages = 0;
+  };
+
+  /// One physical allocation behind pages [first, first + count): a spare of that size or a new one, mapped,
+  /// access set; all or nothing (a spare taken goes back to the spares).
+  std::uint32_t map_one(range& r, std::size_t first, std::size_t count)
+  {
+    const std::size_t bytes = count * page_size();
+    const std::uintptr_t address = address_of(r, first);
+    page_handle page{};
+    const bool from_spare = s_.spares.take(count, page);
+    if (!from_spare) page = backend_.create(bytes);
+    const auto give_up = [&]() noexcept {
+      if (from_spare) s_.spares.keep(page, count);  // the room it left: no allocation
+      else backend_.destroy(page);
+    };
+    try {
+      backend_.map(address, page, bytes);
+    } catch (...) {
+      give_up();
+      throw;
+    }
+    try {
+      backend_.set_access(address, bytes);
+    } catch (...) {
+      try {
+        backend_.unmap(address, bytes);
+        give_up();
+      } catch (...) {
+        // The driver keeps the range mapped: the allocation is leaked rather than released under a mapping.
+      }
+      throw;
+    }
+    const std::uint32_t slot = s_.add(mapping{.page = page, .band = index_of(r), .first = first, .count = count});  // room reserved
+    set_mapping(r, first, count, slot);
+    add_run(r, first, count);
+    s_.physical += bytes;
+    s_.peak_physical = std::max(s_.peak_physical, s_.physical);
+    return slot;
+  }
+
+  /// Unmaps and releases a mapping no live block touches.
+  void drop_mapping(std::uint32_t slot) noexcept
+  {
+    mapping& m = s_.mappings[slot];
+    try {
+      backend_.unmap(address_of(s_.ranges[m.band], m.first), bytes_of(m));
+    } catch (...) {
+      // The driver kept it: it becomes an idle mapping (no live block touches it), retried by a later reclaim.
+      if (!m.idle) {
+        m.idle = true;
+        s_.idle_bytes += bytes_of(m);
+      }
+      if (!m.listed) s_.list_idle(slot);
+      return;
+    }
+    if (m.idle) s_.idle_bytes -= bytes_of(m);
+    release_unmapped(slot);
+  }
+
+  /// The second half of dropping a mapping, once it is unmapped; without `destroy` its allocation is the
+  /// caller's.
+  void release_unmapped(std::uint32_t slot, bool destroy = true) noexcept
+  {
+    mapping& m = s_.mappings[slot];
+    range& r = s_.ranges[m.band];
+    if (destroy) backend_.destroy(m.page);
+    set_mapping(r, m.first, m.count, no_mapping);
+    remove_run(r, m.first);
+    s_.physical -= bytes_of(m);
+    s_.remove(slot);
+  }
+
+  /// Writes the mapping behind pages [first, first + count).
+  void set_mapping(range& r, std::size_t first, std::size_t count, std::uint32_t slot) noexcept
+  {
+    for (std::size_t p = first; p < first + count; ++p) r.pages[p].mapping = slot;
+    s_.page_state_updates += count;
+  }
+
+  // A range's run order (mapping_relocation files and takes runs too): room first, so filing cannot throw.
+  static void reserve_runs(range& r, std::size_t more) { r.runs.reserve_more(more); }
+  static void add_run(range& r, std::size_t first, std::size_t count) noexcept { r.runs.add(first, count); }
+  static void remove_run(range& r, std::size_t first) noexcept { r.runs.remove(first); }
+
+  /// Unmaps one stale range (its allocation then has one alias fewer); false when the driver refuses.
+  bool unmap_stale(stale_range& g) noexcept
+  {
+    try {
+      backend_.unmap(address_of(s_.ranges[g.band], g.first), g.count * page_size());
+    } catch (...) {
+      return false;
+    }
+    g.unmapped = true;
+    --s_.mappings[g.slot].aliases;
+    s_.stale_bytes -= g.count * page_size();
+    return true;
+  }
+
+  void give_back_all() noexcept
+  {
+    if (s_.mappings_live > 0) {
+      try {
+        backend_.synchronize();  // work submitted before the pool goes may still use its memory
+      } catch (...) {
+        // The runtime may be gone at exit, or the device broken: nothing more can be done than unmapping.
+      }
+    }
+    drop_spares();
+    for (stale_range& g : s_.stale)
+      if (!g.unmapped) (void)unmap_stale(g);  // a refusal: as below, the process's mappings go with it
+    for (mapping& m : s_.mappings) {
+      if (m.count == 0) continue;
+      try {
+        backend_.unmap(address_of(s_.ranges[m.band], m.first), bytes_of(m));
+      } catch (...) {
+        // The driver may be gone at exit; the process's mappings go with it.
+      }
+      backend_.destroy(m.page);
+    }
+    for (range& r : s_.ranges)
+      if (r.size != 0) backend_.unreserve(r.base, r.size);
+    s_ = emptied_on_move<state>{};
+  }
+
+  [[no_unique_address]] Backend backend_;
+  emptied_on_move<state> s_;
+};
+
+} // namespace strata::detail
