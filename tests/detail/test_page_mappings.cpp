@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -16,11 +17,13 @@ namespace {
 constexpr std::size_t page = std::size_t{2} << 20;
 constexpr std::size_t range_bytes = std::size_t{1} << 30;
 
-/// A page backend that forwards to a simulated device the test keeps.
+/// A page backend that forwards to a simulated device the test keeps; `page_size` may be overridden to
+/// check the table's own requirement on it.
 struct device_ref {
   using page = simulated_pages::page;
   simulated_pages* device = nullptr;
-  std::size_t page_size() const noexcept { return device->page_size(); }
+  std::size_t size_override = 0;
+  std::size_t page_size() const noexcept { return size_override != 0 ? size_override : device->page_size(); }
   std::uintptr_t reserve(std::size_t bytes, std::size_t alignment) { return device->reserve(bytes, alignment); }
   void unreserve(std::uintptr_t address, std::size_t bytes) noexcept { device->unreserve(address, bytes); }
   page create(std::size_t bytes) { return device->create(bytes); }
@@ -128,4 +131,11 @@ TEST_CASE("page_mappings: destroyed or assigned to, it gives every mapping and r
   }
   CHECK(device.bytes_alive() == 0);
   CHECK(device.ranges_reserved() == 0);
+}
+
+TEST_CASE("page_mappings: a page size that is not a power of two is refused")
+{
+  simulated_pages device(page);
+  CHECK_THROWS_AS(mappings_t(device_ref{&device, 3 * page}), std::invalid_argument);
+  CHECK_NOTHROW(mappings_t(device_ref{&device, 4 * page}));
 }

@@ -6,8 +6,11 @@
 // the other empty. Which live blocks use which pages is page_table.hpp's, built on this.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,7 +30,8 @@ class mapping_relocation;
 /// entries (page_range.hpp) and spares (spare_allocations.hpp) that say where each allocation is mapped.
 /// Cost: a new mapping three backend calls (two where it takes a spare a reclaim left), writing its pages'
 /// entries once and inserting it in its range's run order; reclaim one device wait and two backend calls per
-/// mapping given back (one where it is kept as a spare; a scan of the idle queue).
+/// mapping given back (one where it is kept as a spare; a scan of the idle queue). The backend's page size
+/// must be a power of two (a page number is a shift away).
 /// Never allocates but in grow, map_unmapped, reserve_runs and reclaim, which change nothing when they throw.
 template <page_backend Backend>
 class page_mappings {
@@ -50,7 +54,11 @@ public:
     bool unmapped = false;
   };
 
-  explicit page_mappings(Backend backend) : backend_(std::move(backend)) {}
+  explicit page_mappings(Backend backend) : backend_(std::move(backend))
+  {
+    if (!std::has_single_bit(page_size()))
+      throw std::invalid_argument("mapped_pool: the page backend's page size " + std::to_string(page_size()) + " is not a power of two");
+  }
   page_mappings(page_mappings&&) noexcept = default;
   page_mappings& operator=(page_mappings&& other) noexcept
   {
@@ -73,7 +81,7 @@ public:
   const range& band(std::uint32_t i) const noexcept { return s_.ranges[i]; }
   std::uint32_t index_of(const range& r) const noexcept { return static_cast<std::uint32_t>(&r - s_.ranges.data()); }
   std::uint32_t band_of(std::uintptr_t address) const noexcept { return address - s_.ranges[0].base < s_.ranges[0].size ? 0 : 1; }
-  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) / page_size(); }
+  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) >> std::countr_zero(page_size()); }
   std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + page * page_size(); }
   std::size_t bytes_of(const mapping& m) const noexcept { return m.count * page_size(); }
   const mapping& slot(std::uint32_t i) const noexcept { return s_.mappings[i]; }

@@ -9,6 +9,10 @@
 // also keeps its mapped runs in address order (page_range.hpp), so the unmapped gaps of a span are found by a
 // binary search instead of a walk over its pages. Holding, letting go and looking at a span costs O(mappings
 // and gaps it covers), never O(pages).
+//
+// A block within one page or one mapping (nearly every request under mapped_pool's small limit) is served by
+// a few inline lines; spans over several pieces are walked in functions kept out of line, so the pool's
+// allocation path, which inlines the short ones, stays small enough for the compiler to inline in turn.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -88,7 +92,7 @@ public:
   /// How many free, unmapped pages after the span to map with its last run so that the run reaches `want`
   /// pages. The run stays within `max_run` pages, so the pages ahead share a mapping with live pages (never a
   /// mapping no block touches, which nothing would reclaim). May grow the table (strong guarantee).
-  std::size_t pages_ahead(range& r, page_span span, std::size_t want, std::size_t max_run)
+  [[gnu::noinline]] std::size_t pages_ahead(range& r, page_span span, std::size_t want, std::size_t max_run)
   {
     if (r.pages[span.last].mapping != no_mapping || span.reach <= span.last) return 0;
     const auto gap = r.gap_at(span.last);
@@ -105,8 +109,8 @@ private:
   friend class mapping_relocation<Backend>;
   using base::s_;
 
-  // Spans over several pages.
-  std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
+  // Spans over several pages, out of line (see the top of the file). Within one mapping a span is one piece.
+  [[gnu::noinline]] std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     std::size_t unmapped = 0;
     for_each_piece(r, first, last, [&](const piece& pc) {
@@ -114,7 +118,7 @@ private:
     });
     return unmapped;
   }
-  page_census census_pieces(const range& r, std::size_t first, std::size_t last) const noexcept
+  [[gnu::noinline]] page_census census_pieces(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     page_census c;
     for_each_piece(r, first, last, [&](const piece& pc) {
@@ -123,14 +127,24 @@ private:
     });
     return c;
   }
-  void hold_span(range& r, std::size_t first, std::size_t last) noexcept
+  [[gnu::noinline]] void hold_span(range& r, std::size_t first, std::size_t last) noexcept
   {
+    if (within_one_mapping(r, first, last)) {
+      const std::uint32_t slot = r.pages[first].mapping;
+      busy_more(slot, last - first - 1 + add_edge(r, first, 1) + add_edge(r, last, 1));
+      return;
+    }
     for_each_piece(r, first, last, [&](const piece& pc) {
       busy_more(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, 1)) + (pc.last == last && add_edge(r, last, 1)));
     });
   }
-  void let_go_span(range& r, std::size_t first, std::size_t last) noexcept
+  [[gnu::noinline]] void let_go_span(range& r, std::size_t first, std::size_t last) noexcept
   {
+    if (within_one_mapping(r, first, last)) {
+      const std::uint32_t slot = r.pages[first].mapping;
+      busy_less(slot, last - first - 1 + add_edge(r, first, -1) + add_edge(r, last, -1));
+      return;
+    }
     for_each_piece(r, first, last, [&](const piece& pc) {
       busy_less(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, -1)) + (pc.last == last && add_edge(r, last, -1)));
     });
