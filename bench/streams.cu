@@ -15,6 +15,7 @@
 
 #include <cub/util_allocator.cuh>
 
+#include <strata/default_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/size_class_pool.hpp>
 #include <strata/source/async_source.hpp>
@@ -178,6 +179,24 @@ int main(int argc, char** argv)
      [&](void* p, std::size_t, const stream_t&) { check(cudaFree(p), "cudaFree"); }},
   };
   constexpr std::size_t async_row = 3;
+  // Pair latency alone: the policies bare and the recommended stack, so that the stream layer's own cost
+  // per pair reads as a difference (stream_ordered<P> minus P).
+  strata::size_class_pool<strata::device_source> bare_size_class;
+  strata::coalescing_pool<strata::device_source> bare_coalescing;
+  strata::mapped_pool<strata::driver_pages> bare_mapped{strata::driver_pages{0}, {}};
+  strata::default_pool recommended = strata::make_default_pool();
+  const std::vector<allocator_under_test> pair_only = {
+    {"size_class_pool alone", [&](std::size_t n, const stream_t&) { return bare_size_class.allocate(n, 256); },
+     [&](void* p, std::size_t n, const stream_t&) { bare_size_class.deallocate(p, n, 256); }},
+    {"coalescing_pool alone", [&](std::size_t n, const stream_t&) { return bare_coalescing.allocate(n, 256); },
+     [&](void* p, std::size_t n, const stream_t&) { bare_coalescing.deallocate(p, n, 256); }},
+    {"mapped_pool alone", [&](std::size_t n, const stream_t&) { return bare_mapped.allocate(n, 256); },
+     [&](void* p, std::size_t n, const stream_t&) { bare_mapped.deallocate(p, n, 256); }},
+    {"default_pool (identified)", [&](std::size_t n, const stream_t& s) { return recommended.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, const stream_t& s) { recommended.deallocate_async(p, n, 256, s); }},
+    {"default_pool (stream handle)", [&](std::size_t n, const stream_t& s) { return recommended.allocate_async(n, 256, plain(s)); },
+     [&](void* p, std::size_t n, const stream_t& s) { recommended.deallocate_async(p, n, 256, plain(s)); }},
+  };
 
   const double clock_ns = clock_overhead_ns();
   std::vector<pipeline_result> results;
@@ -199,6 +218,11 @@ int main(int argc, char** argv)
     const int n = a.name.starts_with("cudaMalloc/") ? 2000 : 200000;
     std::vector<double> runs;
     for (int r = 0; r < 5; ++r) runs.push_back(pair_latency_ns(a, pair_stream, 1 << 20, n));
+    pairs.emplace_back(a.name, median(runs));
+  }
+  for (const auto& a : pair_only) {
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) runs.push_back(pair_latency_ns(a, pair_stream, 1 << 20, 200000));
     pairs.emplace_back(a.name, median(runs));
   }
   for (int nstreams : {1, 2, 4, 8}) {

@@ -111,21 +111,8 @@ public:
   decltype(auto) relaxed(Backend& backend, F&& f)
   {
     if constexpr (requires { backend.exchange_capture_mode(2); }) {
-      if (!seen_.empty()) {
-        const int previous = backend.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
-        struct restore {
-          Backend& b;
-          int mode;
-          ~restore()
-          {
-            try {
-              (void)b.exchange_capture_mode(mode);
-            } catch (...) {
-            }
-          }
-        } restore_mode{backend, previous};
-        return std::forward<F>(f)();
-      }
+      if (!seen_.empty()) [[unlikely]]
+        return relaxed_now(backend, std::forward<F>(f));
     }
     return std::forward<F>(f)();
   }
@@ -145,6 +132,25 @@ public:
   bool any() const noexcept { return !seen_.empty(); }
 
 private:
+  /// Out of line, so that the common case (no capture seen) pays no guard object.
+  template <class Backend, class F>
+  [[gnu::noinline]] decltype(auto) relaxed_now(Backend& backend, F&& f)
+  {
+    const int previous = backend.exchange_capture_mode(2);  // cudaStreamCaptureModeRelaxed
+    struct restore {
+      Backend& b;
+      int mode;
+      ~restore()
+      {
+        try {
+          (void)b.exchange_capture_mode(mode);
+        } catch (...) {
+        }
+      }
+    } restore_mode{backend, previous};
+    return std::forward<F>(f)();
+  }
+
   struct seen {
     cuda::stream_ref stream;
     std::uint64_t id = 0;     ///< its capture's id, when the backend could tell

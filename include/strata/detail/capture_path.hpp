@@ -22,8 +22,8 @@ namespace strata::detail {
 
 /// stream_ordered's handling of capture (a base of the layer, whose members' `captures` and `graphs` hold
 /// what captures were seen, the routes and the private pools): capture queries, refusals, and serving and
-/// filing blocks of CUDA graphs. Models nothing; holds nothing. Cost: one capture query per call while
-/// captures are checked; a pool hit is a hash lookup; a miss is the policy's allocate, with the thread's
+/// filing blocks of CUDA graphs. Models nothing; holds nothing. Cost: one capture query per call that asks
+/// (detail::stream_lookup); a pool hit is a hash lookup; a miss is the policy's allocate, with the thread's
 /// capture mode relaxed. The host waits only when a route opens outside capture with frees pending.
 template <class Layer, class Backend>
 class capture_path {
@@ -57,32 +57,14 @@ protected:
     }
   }
 
-  /// The stream's id; a stream being captured cannot even be asked for it (the driver refuses): that is the
-  /// capture refusal, not a CUDA failure.
-  std::uint64_t id_for_allocate(cuda::stream_ref stream)
-  {
-    try {
-      return m().backend.id_of(stream);
-    } catch (const std::exception&) {
-      bool capturing = false;
-      try {
-        capturing = checks_capture() && captures(stream);
-      } catch (...) {  // not even that: an unknown stream, reported as the lookup's own error
-      }
-      if (capturing) refuse_capture("an allocation asked for its stream");
-      throw;
-    }
-  }
-
   /// Whether a capture may be under way: a stream seen capturing, or a route (PyTorch announces its captures
   /// with begin_allocate_to_pool). A free whose capture query fails then assumes the worst: its stream may be
   /// captured, where asking its id would invalidate the capture and a block filed for reuse could be handed
   /// out while a graph still uses it, so the block is abandoned (counted in stats().abandoned_blocks).
   bool capture_possible() const noexcept { return m().captures.any() || m().graphs.routing(); }
 
-  /// Whether streams are asked about capture now: always with options::check_capture; without it, only while
-  /// a capture may be under way (announced by a route, as all of PyTorch's are), which is when PyTorch's
-  /// caching allocator asks too.
+  /// Whether captures nobody announced are looked for (options::check_capture), or a capture may be under way
+  /// (announced by a route, as all of PyTorch's are, or seen). detail::stream_lookup says which calls ask.
   bool checks_capture() const noexcept { return m().opts.check_capture || capture_possible(); }
 
   bool captures(cuda::stream_ref stream) { return m().captures.captures(m().backend, stream); }

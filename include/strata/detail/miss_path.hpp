@@ -35,12 +35,22 @@ protected:
   void* allocate_on_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host, bool capture_checked)
   {
     auto& m_ = m();
-    if (l().checks_capture() && !capture_checked && l().captures(stream)) l().refuse_capture("an allocation missed its stream's cache");
-    ++m_.stats.misses;
     // The owner alone with the policy (one stream, nothing pending, nothing cached or set aside): nothing to
     // reap, wait for or hand back first, so the policy is asked at once, as it would be without this layer.
-    if (!for_host && &s == m_.own.owner && m_.ledger.pending() == 0 && m_.cache.blocks() == 0 && m_.deferred.blocks.empty())
+    // Inline, so that a loop on one stream pays no call; the rest is out of line.
+    if (capture_checked && !for_host && &s == m_.own.owner && m_.ledger.pending() == 0 && m_.cache.blocks() == 0 &&
+        m_.deferred.blocks.empty()) [[likely]] {
+      ++m_.stats.misses;
       return grow_policy(sh);
+    }
+    return allocate_on_full_miss(sh, stream, s, for_host, capture_checked);
+  }
+
+  [[gnu::noinline]] void* allocate_on_full_miss(const shape& sh, cuda::stream_ref stream, stream_state& s, bool for_host, bool capture_checked)
+  {
+    auto& m_ = m();
+    if (!capture_checked && l().checks_capture() && l().captures(stream)) l().refuse_capture("an allocation missed its stream's cache");
+    ++m_.stats.misses;
     // An alignment the policy cannot honour is refused before any cached block goes back (allocate(0, a)
     // checks the alignment and does nothing else), so that the refused call changes nothing.
     (void)m_.policy.allocate(0, sh.align);

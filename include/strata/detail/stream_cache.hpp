@@ -177,23 +177,11 @@ public:
   template <class DeviceOf>
   std::pair<lists*, bool> find_or_add(std::uint64_t id, cuda::stream_ref stream, DeviceOf&& device_of)
   {
-    bool added = false;
-    if (last_ == nullptr || id != last_id_) {
-      auto it = streams_.find(id);
-      if (it == streams_.end()) {
-        const int device = device_of();
-        if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) devices_.push_back(device);
-        auto fresh = std::make_unique<lists>();
-        fresh->id = id;
-        fresh->device = device;
-        it = streams_.emplace(id, std::move(fresh)).first;
-        added = true;
-      }
-      last_id_ = id;
-      last_ = it->second.get();
+    if (last_ != nullptr && id == last_id_) [[likely]] {  // inline: the stream of the last call, a loop's case
+      last_->handle = stream;
+      return {last_, false};
     }
-    last_->handle = stream;
-    return {last_, added};
+    return look_up(id, stream, device_of);
   }
 
   /// Caches a block freed on `s`. Throws (nothing changed) only on host memory exhaustion.
@@ -285,6 +273,26 @@ public:
   const std::vector<int>& devices() const noexcept { return devices_; }
 
 private:
+  template <class DeviceOf>
+  [[gnu::noinline]] std::pair<lists*, bool> look_up(std::uint64_t id, cuda::stream_ref stream, DeviceOf& device_of)
+  {
+    bool added = false;
+    auto it = streams_.find(id);
+    if (it == streams_.end()) {
+      const int device = device_of();
+      if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) devices_.push_back(device);
+      auto fresh = std::make_unique<lists>();
+      fresh->id = id;
+      fresh->device = device;
+      it = streams_.emplace(id, std::move(fresh)).first;
+      added = true;
+    }
+    last_id_ = id;
+    last_ = it->second.get();
+    last_->handle = stream;
+    return {last_, added};
+  }
+
   std::unordered_map<std::uint64_t, std::unique_ptr<lists>> streams_;
   object_pool<cached_block> nodes_;
   std::vector<int> devices_;  ///< of every stream seen

@@ -165,6 +165,15 @@ public:
     return capturing(stream);
   }
   std::uint64_t capture_queries() const noexcept { return capture_queries_; }
+  /// The layer asking a stream's id (counted: a driver call each on a real GPU). Illegal on a capturing stream:
+  /// cuStreamGetId refuses it and invalidates the capture.
+  std::uint64_t query_id(cuda::stream_ref stream) const
+  {
+    ++id_queries_;
+    if (capturing(stream)) throw illegal_call("simulated_streams: the id of a capturing stream was asked");
+    return id_of(stream);
+  }
+  std::uint64_t id_queries() const noexcept { return id_queries_; }
   capture_info capture_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capture; }
 
   /// cudaGraphInstantiate: the executable graph holds the graph's user objects too.
@@ -417,6 +426,7 @@ private:
   bool fail_user_objects_ = false;
   mutable std::size_t dead_stream_queries_ = 0;
   mutable std::uint64_t capture_queries_ = 0;
+  mutable std::uint64_t id_queries_ = 0;
   std::size_t captured_records_ = 0;
   std::size_t mode_exchanges_ = 0;
 };
@@ -429,11 +439,7 @@ public:
   explicit simulated_events(simulated_streams& world) noexcept : world_(&world) {}
 
   /// As the driver: asking a capturing stream for its id is illegal (and would invalidate the capture).
-  std::uint64_t id_of(cuda::stream_ref stream) const
-  {
-    if (world_->capturing(stream)) throw simulated_streams::illegal_call("simulated_streams: the id of a capturing stream was asked");
-    return world_->id_of(stream);
-  }
+  std::uint64_t id_of(cuda::stream_ref stream) const { return world_->query_id(stream); }
   event make_event() { return world_->make_event(); }
   event make_event_on(int device) { return world_->make_event_on(device); }
   void destroy_event(event e) const noexcept { world_->destroy_event(e); }

@@ -24,6 +24,7 @@
 #include <strata/detail/miss_path.hpp>
 #include <strata/detail/pending_frees.hpp>
 #include <strata/detail/stream_cache.hpp>
+#include <strata/detail/stream_lookup.hpp>
 #include <strata/detail/resource_device.hpp>
 #include <strata/detail/stream_ownership.hpp>
 #include <strata/stream/cuda_events.hpp>
@@ -50,22 +51,26 @@ namespace strata {
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
 /// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons,
-/// plus the stream's id lookup (a driver call; none with an identified_stream) and, with `check_capture`, one
-/// capture query; on another stream, a cached allocate or free is a hash lookup, O(1); a miss costs the
-/// policy's allocate, an event query per pending event and at most one event record and cudaStreamWaitEvent
-/// per batch of frees. Unsynchronized. Move-only: a move hands every block, event and pool over.
+/// plus the stream's lookup (detail::stream_lookup): no driver call for an identified_stream, whose captures
+/// must be announced; for a plain handle the id lookup, and with `check_capture` a capture query; a capture
+/// query for every stream while a capture is announced or seen. On another stream, a cached allocate or free
+/// is a hash lookup, O(1); a miss costs the policy's allocate, an event query per pending event and at most one
+/// event record and cudaStreamWaitEvent per batch of frees. Unsynchronized. Move-only: a move hands every
+/// block, event and pool over.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
                        public stream_names<stream_ordered<Policy, Backend>>,
                        private detail::stream_ownership<stream_ordered<Policy, Backend>, Backend>,
                        private detail::miss_path<stream_ordered<Policy, Backend>, Policy, Backend>,
                        private detail::pending_frees<stream_ordered<Policy, Backend>, Backend>,
-                       private detail::capture_path<stream_ordered<Policy, Backend>, Backend> {
-  // Its ownership, miss path, pending frees and capture handling are bases that work on m_ (detail/).
+                       private detail::capture_path<stream_ordered<Policy, Backend>, Backend>,
+                       private detail::stream_lookup<stream_ordered<Policy, Backend>, Backend> {
+  // Its ownership, miss path, pending frees, capture handling and lookup are bases that work on m_ (detail/).
   friend detail::stream_ownership<stream_ordered, Backend>;
   friend detail::miss_path<stream_ordered, Policy, Backend>;
   friend detail::pending_frees<stream_ordered, Backend>;
   friend detail::capture_path<stream_ordered, Backend>;
+  friend detail::stream_lookup<stream_ordered, Backend>;
 
 public:
   using stream_names<stream_ordered>::allocate;
@@ -78,11 +83,10 @@ public:
     std::size_t frees_per_event = 8;
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
-    /// Ask at every allocate and free whether the stream is being captured (docs/architecture.md). Off: ask
-    /// only while a capture may be under way (a route is open, or a capture was seen and not yet known
-    /// ended), as PyTorch's caching allocator does; then a capture must be announced with
-    /// begin_allocate_to_pool before it allocates or frees through this layer (PyTorch's torch.cuda.graph
-    /// does; the plug-in's default), else its allocations are served as if uncaptured.
+    /// Find captures nobody announced on plain handles: a capture query at every allocate and free on one, and
+    /// one of the legacy stream before a host wait (docs/architecture.md). Off: only captures announced with
+    /// begin_allocate_to_pool (PyTorch's torch.cuda.graph does; the plug-in's default) or already seen are
+    /// known, as in PyTorch's caching allocator. A capture on an identified_stream must be announced either way.
     bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
     /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see docs/architecture.md).
@@ -345,11 +349,9 @@ private:
     collect_released_pools();
     if (bytes > largest_cached) return m_.policy.allocate(bytes, alignment);  // fails there, naming the policy
     const shape sh = shape_of(bytes, alignment);
-    // Before the id, even on a hit: asking a capturing stream for its id invalidates the capture, and a block
-    // handed to a capture without the pool knowing could be reused while the graph lives.
-    if (void* p = nullptr; this->routed(sh, stream, p)) return p;
-    const std::uint64_t id = known_id != nullptr ? *known_id : this->id_for_allocate(stream);
-    return allocate_on(sh, stream, id, /*for_host=*/false, /*capture_checked=*/true);
+    void* pooled = nullptr;  // a block handed to a capture without its pool knowing could be reused while the graph lives
+    const std::optional<std::uint64_t> id = this->id_to_allocate(sh, stream, known_id, pooled);
+    return id ? allocate_on(sh, stream, *id, /*for_host=*/false, /*capture_checked=*/true) : pooled;
   }
 
   /// A free on `stream`, whose id is `known_id` when the caller knows it.
@@ -358,26 +360,7 @@ private:
     if (p == nullptr) return;
     this->collect_released_pools_noexcept();
     const shape sh = shape_of(bytes, alignment);
-    bool capturing = false;
-    try {
-      capturing = this->checks_capture() && this->captures(stream);
-    } catch (...) {
-      if (this->capture_possible()) return abandon(sh);  // see capture_possible()
-      // No capture known: an unknown stream, which the id lookup below reports.
-    }
-    if ((capturing || !m_.graphs.pools().empty()) && this->free_in_pools(p, sh, stream, capturing)) return;
-    if (capturing) return abandon(sh);  // the graph may use the block whenever it is launched; asking the id would break it
-    std::uint64_t id = 0;
-    if (known_id != nullptr) {
-      id = *known_id;
-    } else {
-      try {
-        id = m_.backend.id_of(stream);
-      } catch (...) {
-        return this->return_unordered(p, sh);  // an unknown stream: nothing to order the reuse by
-      }
-    }
-    deallocate_on(p, sh, stream, id);
+    if (const std::optional<std::uint64_t> id = this->id_to_free(p, sh, stream, known_id)) deallocate_on(p, sh, stream, *id);
   }
 
   /// `for_host`: the block must be ready for the host and every stream when this returns (the synchronous
@@ -404,6 +387,18 @@ private:
 
   /// A free on a stream known not to capture.
   void deallocate_on(void* p, const shape& sh, cuda::stream_ref stream, std::uint64_t id) noexcept
+  {
+    if (stream_state* o = m_.own.owner; o != nullptr && o->id == id && !m_.own.shared) [[likely]] {  // the owner alone: inline
+      o->handle = stream;
+      ++o->recent_frees;
+      m_.policy.deallocate(p, sh.request, sh.align);
+      ++m_.own.policy_seq;
+      return;
+    }
+    deallocate_on_other(p, sh, stream, id);
+  }
+  /// Any other stream's free, and the owner's once another stream shares the layer.
+  [[gnu::noinline]] void deallocate_on_other(void* p, const shape& sh, cuda::stream_ref stream, std::uint64_t id) noexcept
   {
     stream_state* s = nullptr;
     try {

@@ -1,0 +1,96 @@
+#pragma once
+// How a call on stream_ordered learns its stream's id and whether the stream is being captured, from the
+// cheapest evidence that is enough: what the caller already knows (an identified_stream), and what the layer
+// was told (a capture announced) or has seen.
+#include <cstdint>
+#include <exception>
+#include <optional>
+
+#include <strata/core/config.hpp>
+#include <strata/detail/stream_cache.hpp>
+
+namespace strata::detail {
+
+/// stream_ordered's per-call lookup (a base of the layer, which holds the state): the id a call files its
+/// blocks under, and whether its stream captures. The capture query always comes before the id: the driver
+/// refuses the id of a capturing stream and invalidates the capture for asking.
+/// - While a capture may be under way (a route is open, or a capture was seen and is not known ended), every
+///   call asks the capture query, as PyTorch's allocator does while its list of captures is not empty.
+/// - Otherwise an identified_stream needs no call at all: a capture on a stream passed as identified_stream
+///   must be announced (begin_allocate_to_pool) or first reach the layer through a plain handle.
+/// - A plain handle costs the id lookup, and with options::check_capture the capture query before it: the
+///   only way to find a capture nobody announced.
+/// Ids are never reused (handles are), so a handle that comes back after cudaStreamDestroy gets a new id and
+/// none of the old stream's blocks. Models nothing; holds nothing. Cost: no backend call for an identified
+/// stream while no capture may be under way; for a plain handle, one or two (check_capture).
+template <class Layer, class Backend>
+class stream_lookup {
+protected:
+  /// The id an allocation on `stream` is filed under (`known_id` when the caller knows it), or none when a
+  /// private pool served it (the block in `out`). Throws usage_error under a capture nothing can serve, and
+  /// the id lookup's error for an unknown stream.
+  std::optional<std::uint64_t> id_to_allocate(const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, void*& out)
+  {
+    // Before the id, even on a hit: a block handed to a capture without its pool knowing could be reused
+    // while the graph lives.
+    if (asks_capture(known_id != nullptr) && l().routed(sh, stream, out)) return std::nullopt;
+    if (known_id != nullptr) return *known_id;
+    try {
+      return m().backend.id_of(stream);
+    } catch (const std::exception&) {
+      // A capture the query did not report (none was asked for, check_capture off) breaks the lookup: say so.
+      bool capturing = false;
+      try {
+        capturing = l().checks_capture() && l().captures(stream);
+      } catch (...) {  // not even that: an unknown stream, reported as the lookup's own error
+      }
+      if (capturing) l().refuse_capture("an allocation asked for its stream");
+      throw;
+    }
+  }
+
+  /// The id a free on `stream` is filed under, or none when the free was settled here: filed in a private
+  /// pool, abandoned (under a capture, or when a capture query fails while one may go on: the graph may use
+  /// the block whenever it runs), or returned after a device-wide wait (an unknown stream).
+  std::optional<std::uint64_t> id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
+  {
+    bool capturing = false;
+    if (asks_capture(known_id != nullptr)) {
+      try {
+        capturing = l().captures(stream);
+      } catch (...) {
+        if (l().capture_possible()) return abandoned(sh);
+        // No capture known: an unknown stream, which the id lookup below reports.
+      }
+    }
+    if ((capturing || !m().graphs.pools().empty()) && l().free_in_pools(p, sh, stream, capturing)) return std::nullopt;
+    if (capturing) return abandoned(sh);  // asking the id would break the capture
+    if (known_id != nullptr) return *known_id;
+    try {
+      return m().backend.id_of(stream);
+    } catch (...) {
+    }
+    l().return_unordered(p, sh);  // an unknown stream: nothing to order the reuse by
+    return std::nullopt;
+  }
+
+private:
+  Layer& l() noexcept { return static_cast<Layer&>(*this); }
+  const Layer& l() const noexcept { return static_cast<const Layer&>(*this); }
+  auto& m() noexcept { return l().m_; }
+
+  /// Whether this call asks the capture query: while a capture may be under way, and on a plain handle
+  /// with check_capture.
+  bool asks_capture(bool identified) const noexcept
+  {
+    return l().capture_possible() || (!identified && l().m_.opts.check_capture);
+  }
+
+  std::optional<std::uint64_t> abandoned(const block_shape& sh) noexcept
+  {
+    l().abandon(sh);
+    return std::nullopt;
+  }
+};
+
+} // namespace strata::detail

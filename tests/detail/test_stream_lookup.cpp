@@ -1,0 +1,238 @@
+// detail::stream_lookup, through stream_ordered over simulated streams: which backend calls a call on a stream
+// makes to learn the stream's id and capture state (the simulated world counts each id and capture query, a
+// driver call each on a GPU, and throws if a capturing stream's id is asked), and that knowing them from
+// cheaper evidence keeps every capture and reuse rule.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <strata/core/errors.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/simulated_source.hpp>
+#include <strata/stream/simulated_streams.hpp>
+#include <strata/stream/stream_ordered.hpp>
+
+using namespace strata;
+
+namespace {
+
+using pool_t = coalescing_pool<simulated_source>;
+
+struct rig {
+  explicit rig(stream_ordered<pool_t, simulated_events>::options opts = {})
+      : layer(pool_t{simulated_source(std::size_t{256} << 20), {.initial_chunk = 1 << 20, .max_chunk = 4 << 20}}, opts, simulated_events(world))
+  {}
+  /// Backend calls made since the last mark: id queries and capture queries.
+  struct counts {
+    std::uint64_t ids, captures;
+  };
+  counts since(const counts& mark) const { return {world.id_queries() - mark.ids, world.capture_queries() - mark.captures}; }
+  counts mark() const { return {world.id_queries(), world.capture_queries()}; }
+
+  simulated_streams world;
+  stream_ordered<pool_t, simulated_events> layer;
+};
+
+/// `pairs` allocate/free pairs of a few sizes on `s` (an identified_stream or a plain handle).
+template <class Layer, class Stream>
+void pairs_on(Layer& layer, const Stream& s, int pairs)
+{
+  for (int i = 0; i < pairs; ++i) {
+    const std::size_t bytes = std::size_t{256} << (i % 13);  // 256 B to 1 MiB
+    void* p = layer.allocate_async(bytes, 256, s);
+    REQUIRE(p != nullptr);
+    layer.deallocate_async(p, bytes, 256, s);
+  }
+}
+
+} // namespace
+
+TEST_CASE("stream_lookup: on one identified stream, allocate/free pairs ask no id and no capture state")
+{
+  rig r;
+  const identified_stream s = r.world.identify(r.world.create());
+  pairs_on(r.layer, s, 1);  // s owns the policy
+  const auto before = r.mark();
+  pairs_on(r.layer, s, 1000);
+  CHECK(r.since(before).ids == 0);
+  CHECK(r.since(before).captures == 0);
+  CHECK(r.layer.owner() == s.id());
+  CHECK(r.world.calls().records == 0);
+  CHECK(r.world.calls().queries == 0);
+
+  // A second identified stream, reusing its own cached free (one shape: no miss, so ownership stays with s):
+  // still nothing asked on a hit.
+  const identified_stream t = r.world.identify(r.world.create());
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+  const auto hits_before = r.mark();
+  const auto hits = r.layer.stats().hits;
+  for (int i = 0; i < 1000; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+  CHECK(r.layer.owner() == s.id());
+  CHECK(r.layer.stats().hits == hits + 1000);
+  CHECK(r.since(hits_before).ids == 0);
+  CHECK(r.since(hits_before).captures == 0);
+  r.layer.release();
+}
+
+TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_capture, the capture query before it")
+{
+  rig r;
+  const cuda::stream_ref s = r.world.create();
+  pairs_on(r.layer, s, 1);
+  auto before = r.mark();
+  pairs_on(r.layer, s, 1000);
+  CHECK(r.since(before).ids == 2000);
+  CHECK(r.since(before).captures == 2000);  // the only way to find a capture nobody announced
+
+  rig quiet({.check_capture = false});
+  const cuda::stream_ref q = quiet.world.create();
+  pairs_on(quiet.layer, q, 1);
+  before = quiet.mark();
+  pairs_on(quiet.layer, q, 1000);
+  CHECK(quiet.since(before).ids == 2000);
+  CHECK(quiet.since(before).captures == 0);
+}
+
+TEST_CASE("stream_lookup: an unannounced capture on a plain handle is found by the query, never by asking the id")
+{
+  rig r;
+  const cuda::stream_ref s = r.world.create(), other = r.world.create();
+  const identified_stream si = r.world.identify(s);
+  pairs_on(r.layer, s, 1);
+  pairs_on(r.layer, other, 1);
+  void* before_capture = r.layer.allocate_async(8192, 256, s);
+  const std::uint64_t capture = r.world.begin_capture(s);
+  void* a = r.layer.allocate_async(1 << 16, 256, s);  // the world throws if the layer asks s's id now
+  CHECK(r.layer.pool_blocks(capture, /*automatic=*/true) == 1);
+  r.layer.deallocate_async(a, 1 << 16, 256, si);  // a capture is known: the identified stream is asked too
+  void* a2 = r.layer.allocate_async(1 << 16, 256, si);
+  CHECK(a2 == a);  // the pool's own free, in the same capture and stream
+  r.layer.deallocate_async(before_capture, 8192, 256, si);  // from outside, freed under capture: kept for the graph
+  CHECK(r.layer.stats().pool_adoptions == 1);
+  CHECK(r.layer.pool_blocks(capture, true) == 2);
+  CHECK_THROWS_AS(r.layer.release(), usage_error);  // no host wait while it may go on
+  void* q = r.layer.allocate_async(4096, 256, other);  // another stream meanwhile: served as usual
+  CHECK(r.layer.pool_blocks(capture, true) == 2);
+  r.layer.deallocate_async(q, 4096, 256, other);
+  r.layer.deallocate_async(a2, 1 << 16, 256, si);
+  void* graph = r.world.end_capture(s);
+  CHECK(r.world.captured_records() == 0);
+
+  // A call on s sees the capture over: identified calls ask nothing again, and the graph's end returns its pool.
+  pairs_on(r.layer, s, 1);
+  const auto after = r.mark();
+  pairs_on(r.layer, si, 10);
+  CHECK(r.since(after).ids == 0);
+  CHECK(r.since(after).captures == 0);
+  r.world.destroy_graph(graph);
+  pairs_on(r.layer, si, 1);
+  CHECK(r.layer.private_pools() == 0);
+  r.layer.release();
+  CHECK(r.layer.policy().usage().in_use == 0);
+}
+
+TEST_CASE("stream_lookup: an announced capture on an identified stream is served from its private pool")
+{
+  rig r;
+  const identified_stream s = r.world.identify(r.world.create());
+  const identified_stream other = r.world.identify(r.world.create());
+  pairs_on(r.layer, s, 1);
+  pairs_on(r.layer, other, 1);
+  r.layer.begin_allocate_to_pool(7);  // PyTorch's capture_begin: the announcement
+  r.world.begin_capture(s.stream());
+  const auto before = r.mark();
+  void* a = r.layer.allocate_async(1 << 16, 256, s);
+  CHECK(r.layer.pool_blocks(7) == 1);
+  CHECK(r.since(before).captures >= 1);  // announced: the identified stream is asked too
+  CHECK(r.since(before).ids == 0);
+  r.layer.deallocate_async(a, 1 << 16, 256, s);
+  CHECK(r.layer.allocate_async(1 << 16, 256, s) == a);
+  void* b = r.layer.allocate_async(4096, 256, other);  // an uncaptured stream, not routed
+  CHECK(r.layer.pool_blocks(7) == 1);
+  r.layer.deallocate_async(b, 4096, 256, other);
+  r.layer.deallocate_async(a, 1 << 16, 256, s);
+  void* graph = r.world.end_capture(s.stream());
+  r.layer.end_allocate_to_pool(7);
+  CHECK(r.world.captured_records() == 0);
+
+  // The route over: nothing is asked again.
+  const auto after = r.mark();
+  pairs_on(r.layer, s, 100);
+  CHECK(r.since(after).ids == 0);
+  CHECK(r.since(after).captures == 0);
+  r.world.destroy_graph(graph);
+  r.layer.release_pool(7);
+  CHECK(r.layer.pool_blocks(7) == 0);
+  r.layer.release();
+}
+
+TEST_CASE("stream_lookup: a capture first seen through a plain handle makes identified calls ask too, and refuse")
+{
+  rig r({.graph_pools = false});
+  const cuda::stream_ref s = r.world.create();
+  const identified_stream si = r.world.identify(s);
+  pairs_on(r.layer, si, 1);
+  void* live = r.layer.allocate_async(4096, 256, si);
+  r.world.begin_capture(s);
+  CHECK_THROWS_WITH_AS(r.layer.allocate_async(4096, 256, s), doctest::Contains("captured into a CUDA graph"), usage_error);
+  const std::size_t in_use = r.layer.usage().in_use;
+  CHECK_THROWS_AS(r.layer.allocate_async(4096, 256, si), usage_error);  // known now: refused, nothing changed
+  CHECK(r.layer.usage().in_use == in_use);
+  r.layer.deallocate_async(live, 4096, 256, si);  // under capture, no pool to keep it: abandoned, not reused
+  CHECK(r.layer.stats().abandoned_blocks == 1);
+  r.world.end_capture(s);
+  pairs_on(r.layer, si, 1);  // sees the capture over
+  const auto after = r.mark();
+  pairs_on(r.layer, si, 100);
+  CHECK(r.since(after).captures == 0);
+  CHECK(r.world.captured_records() == 0);
+}
+
+TEST_CASE("stream_lookup: a destroyed stream's handle reused by a new identified stream gets none of its blocks unordered")
+{
+  rig r;
+  const identified_stream owner = r.world.identify(r.world.create());
+  pairs_on(r.layer, owner, 1);
+  const cuda::stream_ref old_handle = r.world.create();
+  const identified_stream old = r.world.identify(old_handle);
+  void* x = r.layer.allocate_async(4096, 256, old);
+  r.world.launch(old_handle);  // a kernel using x, still running
+  r.layer.deallocate_async(x, 4096, 256, old);  // cached on the old stream
+  r.world.destroy(old_handle);
+  const identified_stream fresh = r.world.identify(r.world.create());
+  REQUIRE(fresh.stream().get() == old_handle.get());  // the handle comes back, as the driver's do
+  REQUIRE(fresh.id() != old.id());
+  const auto before = r.mark();
+  void* y = r.layer.allocate_async(4096, 256, fresh);
+  CHECK(y != x);  // the old stream's block is not the new stream's
+  CHECK(r.since(before).ids == 0);
+  r.layer.deallocate_async(y, 4096, 256, fresh);
+  CHECK(r.world.dead_stream_queries() == 0);
+  r.world.finish_all();
+  r.layer.release();
+  CHECK(r.layer.cached_blocks() == 0);
+}
+
+TEST_CASE("stream_lookup: a destroyed owner's handle reused by a new identified stream waits for the owner's frees")
+{
+  rig r;
+  const cuda::stream_ref owner_handle = r.world.create();
+  const identified_stream owner = r.world.identify(owner_handle);
+  void* x = r.layer.allocate_async(4096, 256, owner);
+  r.world.launch(owner_handle);
+  r.layer.deallocate_async(x, 4096, 256, owner);  // straight to the policy, its kernel still running
+  r.world.destroy(owner_handle);
+  const identified_stream fresh = r.world.identify(r.world.create());
+  REQUIRE(fresh.stream().get() == owner_handle.get());
+  const auto syncs = r.layer.stats().device_syncs;
+  void* y = r.layer.allocate_async(4096, 256, fresh);
+  // The policy may hand x's memory out again only after the old owner's work: here a device-wide wait (its
+  // frees carry no event: it was alone), never an event recorded on the reused handle.
+  if (y == x) CHECK(r.layer.stats().device_syncs > syncs);
+  CHECK(r.world.completed(owner.id()) == r.world.enqueued(owner.id()));
+  CHECK(r.world.calls().records == 0);
+  r.layer.deallocate_async(y, 4096, 256, fresh);
+  CHECK(r.world.dead_stream_queries() == 0);
+}
