@@ -259,6 +259,7 @@ TEST_CASE("mapped_pool sleep: bad use is refused before anything changes")
   CHECK_THROWS_AS(pool.pause({max_tags}), std::invalid_argument);
   CHECK_THROWS_AS(pool.allocate_tagged(max_tags, 10), std::invalid_argument);
   CHECK_THROWS_AS(pool.pause({2, 3}), usage_error);  // one bad tag: none paused
+  CHECK_THROWS_AS(pool.pause({2, 2}), usage_error);  // named twice: none paused
   CHECK_FALSE(pool.paused(2));
   pool.pause({2});
   CHECK_THROWS_AS(pool.pause({2}), usage_error);

@@ -240,6 +240,7 @@ public:
   void pause(std::span<const tag_id> tags, bool backup = true) requires copying_page_backend<Backend>
   {
     for (tag_id t : tags) (void)running_core(t, "pause");
+    refuse_repeats(tags, "pause");
     for (tag_id t : tags) pause_one(t, backup);
   }
   void pause(std::initializer_list<tag_id> tags, bool backup = true) requires copying_page_backend<Backend>
@@ -256,6 +257,7 @@ public:
   {
     for (tag_id t : tags)
       if (!paused(t)) throw usage_error("mapped_pool: resume of tag " + std::to_string(t) + ", which is not paused");
+    refuse_repeats(tags, "resume");
     for (tag_id t : tags) resume_one(t);
   }
   void resume(std::initializer_list<tag_id> tags) requires copying_page_backend<Backend>
@@ -337,6 +339,13 @@ private:
       throw usage_error(std::string("mapped_pool: ") + what + " of tag " + std::to_string(tag) + ", which was never used");
     if (paused(tag)) throw usage_error(std::string("mapped_pool: ") + what + " of tag " + std::to_string(tag) + ", which is already paused");
     return tag == 0 ? core_ : *tags_[tag].pool;
+  }
+
+  static void refuse_repeats(std::span<const tag_id> tags, const char* what)
+  {
+    for (std::size_t i = 0; i < tags.size(); ++i)
+      for (std::size_t j = i + 1; j < tags.size(); ++j)
+        if (tags[i] == tags[j]) throw usage_error(std::string("mapped_pool: ") + what + " names tag " + std::to_string(tags[i]) + " twice");
   }
 
   /// Whether `bytes` more would lift all tags together over max_physical (each tag's pool checks only its own).
