@@ -83,7 +83,7 @@ TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_captu
   pairs_on(r.layer, s, 1);
   auto before = r.mark();
   pairs_on(r.layer, s, 1000);
-  CHECK(r.since(before).ids == 2000);
+  CHECK(r.since(before).ids == 1000);       // the allocations': the lone owner's frees need none
   CHECK(r.since(before).captures == 2000);  // the only way to find a capture nobody announced
 
   rig quiet({.check_capture = false});
@@ -91,8 +91,44 @@ TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_captu
   pairs_on(quiet.layer, q, 1);
   before = quiet.mark();
   pairs_on(quiet.layer, q, 1000);
-  CHECK(quiet.since(before).ids == 2000);
+  CHECK(quiet.since(before).ids == 1000);
   CHECK(quiet.since(before).captures == 0);
+
+  // Once another stream shares the layer, every free on a plain handle asks its id again.
+  const cuda::stream_ref t = r.world.create();
+  pairs_on(r.layer, t, 1);
+  before = r.mark();
+  pairs_on(r.layer, s, 100);
+  CHECK(r.since(before).ids == 200);
+}
+
+TEST_CASE("stream_lookup: a lone owner's handle reused by a new stream: the free filed as the owner's is waited for")
+{
+  rig r({.check_capture = false});
+  const cuda::stream_ref owner = r.world.create();
+  const std::uint64_t owner_id = r.world.id_of(owner);
+  pairs_on(r.layer, owner, 1);
+  void* x = r.layer.allocate_async(4096, 256, owner);
+  r.world.launch(owner);  // the owner's kernel on x, still running
+  r.world.destroy(owner);
+  const cuda::stream_ref fresh = r.world.create();
+  REQUIRE(fresh.get() == owner.get());
+  const std::uint64_t fresh_id = r.world.id_of(fresh);
+  r.world.launch(fresh);  // the new stream's kernel on x (the user passed it over), still running
+  const auto before = r.mark();
+  r.layer.deallocate_async(x, 4096, 256, fresh);  // the owner's handle, the layer alone: no id asked
+  CHECK(r.since(before).ids == 0);
+  CHECK(r.layer.owner() == owner_id);
+  // The next allocation asks its id: a new stream, which takes from the policy only after the devices.
+  const auto syncs = r.layer.stats().device_syncs;
+  void* y = r.layer.allocate_async(4096, 256, fresh);
+  CHECK(r.layer.stats().device_syncs > syncs);
+  CHECK(r.world.completed(owner_id) == r.world.enqueued(owner_id));
+  CHECK(r.world.completed(fresh_id) == r.world.enqueued(fresh_id));
+  CHECK(r.world.dead_stream_queries() == 0);
+  r.layer.deallocate_async(y, 4096, 256, fresh);
+  r.layer.release();
+  CHECK(r.layer.policy().usage().in_use == 0);
 }
 
 TEST_CASE("stream_lookup: an unannounced capture on a plain handle is found by the query, never by asking the id")

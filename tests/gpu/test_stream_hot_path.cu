@@ -1,7 +1,8 @@
 // stream_ordered's common path on the real driver: on an identified stream with no capture announced, an
-// allocate/free pair makes no stream id or capture query; on a plain handle, a capture query and an id query a
-// call. Captures are still found (announced, or on a plain handle) and served from private pools, or refused,
-// with the capture left valid. The backend below counts the layer's queries and passes them to cuda_events.
+// allocate/free pair makes no stream id or capture query; on a plain handle, a capture query a call and an id
+// query an allocation (the lone owner's frees need none). Captures are still found (announced, or on a plain
+// handle) and served from private pools, or refused, with the capture left valid. The backend below counts the
+// layer's queries and passes them to cuda_events.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -89,8 +90,8 @@ void no_query_on_identified_stream(Layer layer)
 
   const auto plain_before = *layer.backend().n;
   pairs_on(layer, cuda::stream_ref{s}, 20000);
-  CHECK(layer.backend().n->ids == plain_before.ids + 40000);  // one id query a call...
-  CHECK(layer.backend().n->captures == plain_before.captures + 40000);  // ...after one capture query (check_capture)
+  CHECK(layer.backend().n->ids == plain_before.ids + 20000);  // the allocations': the lone owner's frees need none
+  CHECK(layer.backend().n->captures == plain_before.captures + 40000);  // one a call (check_capture)
 
   // The blocks are good memory, used by kernels on the stream.
   void* p = layer.allocate_async(1 << 20, 256, fast);
@@ -284,5 +285,47 @@ TEST_CASE("stream hot path: a new identified stream on a destroyed stream's hand
   CHECK(cudaGetLastError() == cudaSuccess);
   REQUIRE(cudaFree(out) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(owner) == cudaSuccess);
+}
+
+TEST_CASE("stream hot path: a lone owner's handle reused by a new stream: its free is filed as the owner's, then waited for")
+{
+  constexpr std::size_t bytes = 1 << 20;
+  void* out = nullptr;
+  REQUIRE(cudaMalloc(&out, bytes) == cudaSuccess);
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  int reused = 0;
+  for (int round = 0; round < 8 && reused == 0; ++round) {  // until the driver hands the handle over
+    layer_t layer = make_layer();
+    cudaStream_t s = make_stream();
+    pairs_on(layer, cuda::stream_ref{s}, 13);  // s owns the policy, alone
+    void* x = layer.allocate_async(bytes, 256, s);
+    strata::testing::fill(x, bytes, 51 + round, s);
+    strata::testing::sleep_kernel<<<1, 1, 0, s>>>(2'000'000);
+    REQUIRE(cudaMemcpyAsync(out, x, bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+    REQUIRE(cudaEventRecord(done, s) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);  // its work still runs
+    cudaStream_t t = make_stream();
+    reused += t == s;
+    REQUIRE(cudaStreamWaitEvent(t, done, 0) == cudaSuccess);  // the user orders t after s's use of x...
+    const auto before = *layer.backend().n;
+    layer.deallocate_async(x, bytes, 256, t);  // ...and frees it on t
+    const auto syncs = layer.stats().device_syncs;
+    void* y = layer.allocate_async(bytes, 256, t);
+    if (t == s) {
+      CHECK(layer.backend().n->ids == before.ids + 1);  // the free asked none: the owner's last handle, the layer alone
+      CHECK(layer.stats().device_syncs > syncs);        // the allocation's id is new: it waited for the devices first
+    }
+    strata::testing::fill(y, bytes, 0xbad, t);
+    REQUIRE(cudaStreamSynchronize(t) == cudaSuccess);
+    CHECK(strata::testing::mismatches(out, bytes, 51 + round) == 0);
+    layer.deallocate_async(y, bytes, 256, t);
+    layer.release();
+    REQUIRE(cudaStreamDestroy(t) == cudaSuccess);
+  }
+  MESSAGE("the destroyed owner's handle came back " << reused << " time(s)");
+  CHECK(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaEventDestroy(done) == cudaSuccess);
+  REQUIRE(cudaFree(out) == cudaSuccess);
 }
 }

@@ -19,10 +19,12 @@ namespace strata::detail {
 /// - Otherwise an identified_stream needs no call at all: a capture on a stream passed as identified_stream
 ///   must be announced (begin_allocate_to_pool) or first reach the layer through a plain handle.
 /// - A plain handle costs the id lookup, and with options::check_capture the capture query before it: the
-///   only way to find a capture nobody announced.
-/// Ids are never reused (handles are), so a handle that comes back after cudaStreamDestroy gets a new id and
-/// none of the old stream's blocks. Models nothing; holds nothing. Cost: no backend call for an identified
-/// stream while no capture may be under way; for a plain handle, one or two (check_capture).
+///   only way to find a capture nobody announced. One id is cached, safely: a free on the handle the owner
+///   was last seen with, while no other stream has used the layer (owner_alone_on).
+/// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
+/// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
+/// stream's blocks. Models nothing; holds nothing. Cost: no backend call for an identified stream while no
+/// capture may be under way; for a plain handle, one or two (check_capture), a free by the lone owner one less.
 template <class Layer, class Backend>
 class stream_lookup {
 protected:
@@ -66,6 +68,7 @@ protected:
     if ((capturing || !m().graphs.pools().empty()) && l().free_in_pools(p, sh, stream, capturing)) return std::nullopt;
     if (capturing) return abandoned(sh);  // asking the id would break the capture
     if (known_id != nullptr) return *known_id;
+    if (owner_alone_on(stream)) return m().own.owner->id;
     try {
       return m().backend.id_of(stream);
     } catch (...) {
@@ -84,6 +87,20 @@ private:
   bool asks_capture(bool identified) const noexcept
   {
     return l().capture_possible() || (!identified && l().m_.opts.check_capture);
+  }
+
+  /// Whether a free on `stream` may be filed as the owner's without asking the id: the handle is the one the
+  /// owner was last seen with, an ordinary stream's (the default streams' handles name another stream per
+  /// device or thread), and no other stream has used the layer. Should the handle now name a new stream (the
+  /// owner destroyed), the block joins the owner's frees in the policy, which carry no event while the layer
+  /// is unshared: whichever stream takes from the policy next is another stream (every allocation asks its
+  /// id), and it first waits for the devices, new stream's work included. So nothing is handed out unordered.
+  bool owner_alone_on(cuda::stream_ref stream) const noexcept
+  {
+    const auto& own = l().m_.own;
+    const cudaStream_t h = stream.get();
+    return own.owner != nullptr && !own.shared && own.owner->handle.get() == h && h != nullptr && h != cudaStreamLegacy &&
+           h != cudaStreamPerThread;
   }
 
   std::optional<std::uint64_t> abandoned(const block_shape& sh) noexcept
