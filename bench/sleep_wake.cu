@@ -3,7 +3,7 @@
 // pinned memory already kept; and the first pause, which pins), and without one. Beside them, in the same run:
 // what pinning SIZE costs by cudaHostAlloc and by pin_host (chunks registered by several threads, and by one),
 // and the pinned copy bandwidth each way, so each pause and resume can be read against the link's speed.
-//   sleep_wake [SIZE_GIB] [--blocks N] [--cycles N] [--no-hostalloc] [--json FILE]
+//   sleep_wake_bench [SIZE_GIB] [--blocks N] [--cycles N] [--no-hostalloc] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
