@@ -81,3 +81,32 @@ TEST_CASE("stream_cache: empty streams are forgotten but the kept one and the ow
   CHECK(moved.find_or_add(2, cuda::stream_ref{cudaStreamLegacy}, [] { return 1; }).first == b);
   moved.clear();
 }
+
+TEST_CASE("stream_cache: a block serves only its own tag; removing one leaves the other tags' blocks of its key")
+{
+  cache_t cache;
+  auto* s = cache.find_or_add(3, cuda::stream_ref{cudaStreamLegacy}, [] { return 0; }).first;
+  detail::block_shape tagged = shape(512);
+  tagged.tag = 1;
+  cache.file(*s, at(0x1000), tagged);
+  CHECK(s->take(tagged.key) == nullptr);     // tag 0
+  CHECK(s->take(tagged.key, 2) == nullptr);  // tag 2
+  cache.file(*s, at(0x2000), shape(512));
+  detail::cached_block* untagged = s->take(tagged.key);
+  REQUIRE(untagged != nullptr);
+  CHECK(untagged->p == at(0x2000));
+  CHECK(cache.release(untagged).p == at(0x2000));
+  cache.file(*s, at(0x3000), shape(512));
+  detail::cached_block* oldest = s->oldest;
+  REQUIRE(oldest->p == at(0x1000));
+  s->remove(oldest);  // the reclaim path: its bin is its tag's
+  CHECK(oldest->tag == 1);
+  CHECK(cache.release(oldest).p == at(0x1000));
+  CHECK(s->take(tagged.key, 1) == nullptr);
+  detail::cached_block* left = s->take(tagged.key, 0);
+  REQUIRE(left != nullptr);
+  CHECK(left->p == at(0x3000));
+  (void)cache.release(left);
+  CHECK(cache.blocks() == 0);
+  CHECK(s->oldest == nullptr);
+}

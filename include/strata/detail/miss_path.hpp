@@ -75,7 +75,7 @@ protected:
     } catch (const std::bad_alloc&) {
       if (m_.cache.blocks() == 0 && m_.deferred.blocks.empty()) throw;
     }
-    if (void* p = hand_over(sh.key, stream, s, for_host)) return p;
+    if (void* p = hand_over(bin_key{sh.key, sh.tag}, stream, s, for_host)) return p;
     l().wait_for_pending_frees(/*policy_too=*/false);
     return grow_policy(sh);
   }
@@ -155,9 +155,9 @@ private:
   /// Streams with nothing cached and no event pending are forgotten (destroyed streams never come back).
   void forget_empty_streams(const stream_state& keep) noexcept { m().cache.forget_empty(keep, m().own.owner); }
 
-  /// A block of this shape freed on another stream and covered by an event: the requesting stream is made
-  /// to wait on that event (the host, for a synchronous allocate), and gets the block.
-  void* hand_over(std::uint64_t key, cuda::stream_ref stream, stream_state& self, bool for_host)
+  /// A block of this shape and tag freed on another stream and covered by an event: the requesting stream is
+  /// made to wait on that event (the host, for a synchronous allocate), and gets the block.
+  void* hand_over(bin_key key, cuda::stream_ref stream, stream_state& self, bool for_host)
   {
     auto& m_ = m();
     stream_state* from = nullptr;
@@ -180,7 +180,7 @@ private:
   }
 
   /// A block of `key` cached by `other` and covered by one of its events (that event in `cover`), or null.
-  static node* covered_block(stream_state& other, std::uint64_t key, const pending_event*& cover) noexcept
+  static node* covered_block(stream_state& other, bin_key key, const pending_event*& cover) noexcept
   {
     const auto bin = other.bins.find(key);
     if (bin == other.bins.end()) return nullptr;

@@ -1,27 +1,41 @@
 #pragma once
-// stream_ordered's per-stream cache: the blocks each stream freed and may reuse at once, binned by shape,
-// with the events recorded after them.
+// stream_ordered's per-stream cache: the blocks each stream freed and may reuse at once, binned by shape and
+// tag, with the events recorded after them.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <strata/core/config.hpp>
+#include <strata/sleep/tag_scope.hpp>
 
 #include <strata/detail/event_ledger.hpp>
 #include <strata/detail/object_pool.hpp>
 
 namespace strata::detail {
 
-/// What a request costs and how it is filed: blocks with one key are interchangeable.
+/// What a request costs and how it is filed: blocks with one key and one tag are interchangeable.
 struct block_shape {
   std::size_t request;    ///< what the policy is asked for, and given back on free: the same for one key
   std::size_t footprint;  ///< what the block costs the policy (its good size)
   std::size_t align;
   std::uint64_t key;  ///< request and log2(alignment)
+  tag_id tag = 0;     ///< the allocation's tag (detail/block_tags.hpp): a block lies in its own tag's mappings
+};
+
+/// A bin: blocks of one key and one tag. A block of another tag never serves, or pausing its tag would
+/// unmap the memory of the allocation it served.
+struct bin_key {
+  std::uint64_t key;
+  tag_id tag;
+  bool operator==(const bin_key&) const = default;
+};
+struct bin_key_hash {
+  std::size_t operator()(const bin_key& k) const noexcept { return std::hash<std::uint64_t>{}(k.key ^ (std::uint64_t{k.tag} << 52)); }
 };
 
 /// A block cached by a stream, linked into its bin and its stream's age list.
@@ -31,6 +45,7 @@ struct cached_block {
   std::size_t size = 0;  ///< footprint
   std::size_t align = 0;
   std::uint64_t key = 0;
+  tag_id tag = 0;
   std::uint64_t seq = 0;  ///< the stream's free counter when freed: events cover frees below a number
   cached_block* bin_prev = nullptr;
   cached_block* bin_next = nullptr;
@@ -38,8 +53,8 @@ struct cached_block {
   cached_block* newer = nullptr;
 };
 
-/// One stream's free blocks: bins by key (newest first, for cache-warm same-stream reuse) threaded through
-/// an age list (oldest first, the order events cover them in), and its recorded events, oldest first.
+/// One stream's free blocks: bins by key and tag (newest first, for cache-warm same-stream reuse) threaded
+/// through an age list (oldest first, the order events cover them in), and its recorded events, oldest first.
 /// O(1) per block, one hash lookup per bin.
 template <class Event>
 struct stream_free_lists {
@@ -48,7 +63,7 @@ struct stream_free_lists {
   cuda::stream_ref handle{cudaStreamLegacy};  ///< as last seen (the owner's events are recorded on it)
   std::uint64_t ordered_after = 0;  ///< this stream waits for the owner's policy frees numbered up to this
   std::uint64_t recent_frees = 0;   ///< since ownership was last weighed
-  std::unordered_map<std::uint64_t, cached_block*> bins;
+  std::unordered_map<bin_key, cached_block*, bin_key_hash> bins;
   cached_block* oldest = nullptr;
   cached_block* newest = nullptr;
   std::uint64_t next_seq = 0;
@@ -63,9 +78,9 @@ struct stream_free_lists {
 
   bool empty() const noexcept { return oldest == nullptr && events.empty(); }
 
-  cached_block* take(std::uint64_t key) noexcept
+  cached_block* take(std::uint64_t key, tag_id tag = 0) noexcept
   {
-    const auto it = bins.find(key);
+    const auto it = bins.find(bin_key{key, tag});
     if (it == bins.end() || it->second == nullptr) return nullptr;
     cached_block* n = it->second;
     it->second = n->bin_next;
@@ -78,7 +93,7 @@ struct stream_free_lists {
   /// Files a freed block; may throw only when the key has no bin yet (a new hash node).
   void put(cached_block* n)
   {
-    cached_block*& head = bins[n->key];
+    cached_block*& head = bins[bin_key{n->key, n->tag}];
     n->seq = next_seq++;
     n->bin_prev = nullptr;
     n->bin_next = head;
@@ -118,7 +133,7 @@ struct stream_free_lists {
     if (n->bin_prev != nullptr) {
       n->bin_prev->bin_next = n->bin_next;
     } else {
-      const auto it = bins.find(n->key);
+      const auto it = bins.find(bin_key{n->key, n->tag});
       it->second = n->bin_next;
       if (it->second == nullptr) bins.erase(it);
     }
@@ -187,7 +202,7 @@ public:
   /// Caches a block freed on `s`. Throws (nothing changed) only on host memory exhaustion.
   void file(lists& s, void* p, const block_shape& sh)
   {
-    cached_block* n = nodes_.make(cached_block{.p = p, .request = sh.request, .size = sh.footprint, .align = sh.align, .key = sh.key});
+    cached_block* n = nodes_.make(cached_block{.p = p, .request = sh.request, .size = sh.footprint, .align = sh.align, .key = sh.key, .tag = sh.tag});
     try {
       s.put(n);
     } catch (...) {

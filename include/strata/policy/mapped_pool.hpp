@@ -227,6 +227,15 @@ public:
   std::size_t physical_bytes(tag_id tag) const noexcept { return find(tag) != nullptr ? find(tag)->physical_bytes() : 0; }
   std::size_t in_use(tag_id tag) const noexcept { return find(tag) != nullptr ? find(tag)->usage().in_use : 0; }
   bool paused(tag_id tag) const noexcept { return tag < tags_.size() && tags_[tag].sleep != nullptr; }
+  /// The tag whose address ranges hold p, paused or not (0 for an address of none): one range check per tag
+  /// in use, none while tag 0 alone is. stream_ordered asks it to reuse a block only under its own tag.
+  tag_id tag_of(const void* p) const noexcept
+  {
+    if (tags_.empty() || core_.in_ranges(p)) [[likely]] return 0;
+    for (std::size_t t = 1; t < tags_.size(); ++t)
+      if (tags_[t].pool != nullptr && tags_[t].pool->in_ranges(p)) return static_cast<tag_id>(t);
+    return 0;
+  }
   /// Bytes of a paused tag's blocks (what its backup holds, or held before a pause without one).
   std::size_t paused_bytes(tag_id tag) const noexcept { return paused(tag) ? tags_[tag].sleep->bytes() : 0; }
 

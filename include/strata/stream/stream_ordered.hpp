@@ -16,6 +16,7 @@
 #include <strata/core/errors.hpp>
 #include <strata/core/properties.hpp>
 #include <strata/core/usage.hpp>
+#include <strata/detail/block_tags.hpp>
 #include <strata/detail/capture_guard.hpp>
 #include <strata/detail/capture_path.hpp>
 #include <strata/detail/emptied_on_move.hpp>
@@ -36,12 +37,12 @@ namespace strata {
 /// (docs/architecture.md, "Stream-ordered reuse", has the whole design).
 ///
 /// One stream at a time owns the policy: its frees go straight back (the policy sees exactly the calls it
-/// would see without this layer). A block freed on another stream is cached on that stream
-/// (detail::stream_cache) and reused there at once; it reaches the policy, or another stream, only after an
-/// event recorded behind it (detail::event_ledger) completes or the taker is made to wait for it on the GPU.
-/// Synchronous frees are set aside until a device-wide wait. Allocations made under CUDA graph capture come
-/// from private pools (detail::graph_router); no host wait, event record or query is made for a capturing
-/// stream (detail::capture_guard).
+/// would see without this layer). A block freed on another stream is cached there (detail::stream_cache) and
+/// reused at once, under its own tag only (detail/block_tags.hpp); it reaches the policy, or another
+/// stream, only after an event recorded behind it (detail::event_ledger) completes or the taker is made to
+/// wait for it on the GPU. Synchronous frees are set aside until a device-wide wait. Allocations made under
+/// CUDA graph capture come from private pools (detail::graph_router); no host wait, event record or query is
+/// made for a capturing stream (detail::capture_guard).
 ///
 /// The host waits only where stats() counts it: a synchronous allocate whose block may still be in use, a
 /// synchronous free that fills the set-aside batch, out of memory with frees pending, release(), a free whose
@@ -50,13 +51,13 @@ namespace strata {
 /// the policy.
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
-/// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons,
-/// plus the stream's lookup (detail::stream_lookup): no driver call for an identified_stream, whose captures
-/// must be announced; for a plain handle the id lookup, and with `check_capture` a capture query; a capture
-/// query for every stream while a capture is announced or seen. On another stream, a cached allocate or free
-/// is a hash lookup, O(1); a miss costs the policy's allocate, an event query per pending event and at most one
-/// event record and cudaStreamWaitEvent per batch of frees. Unsynchronized. Move-only: a move hands every
-/// block, event and pool over.
+/// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons, plus
+/// the stream's lookup (detail::stream_lookup): no driver call for an identified_stream, whose captures must
+/// be announced; for a plain handle the id lookup, and with `check_capture` a capture query; a capture query
+/// for every stream while a capture is announced or seen. On another stream, a cached allocate or free is a
+/// hash lookup, O(1), plus a tag check for a tagging policy; a miss costs the policy's allocate, an event
+/// query per pending event and at most one event record and cudaStreamWaitEvent per batch of frees.
+/// Unsynchronized. Move-only: a move hands every block, event and pool over.
 template <resource Policy, event_backend Backend = cuda_events>
 class stream_ordered : public forward_properties<stream_ordered<Policy, Backend>, Policy>,
                        public stream_names<stream_ordered<Policy, Backend>>,
@@ -185,8 +186,9 @@ public:
     this->refuse_host_wait_under_capture();  // as cudaMalloc is refused under global capture: it may have to wait
     const cuda::stream_ref legacy{cudaStreamLegacy};
     const std::uint64_t id = m_.backend.id_of(legacy);
-    if (bytes > largest_cached) return m_.policy.allocate(bytes, alignment);  // fails there, naming the policy
-    return allocate_on(shape_of(bytes, alignment), legacy, id, /*for_host=*/true);
+    const tag_id tag = detail::allocation_tag(m_.policy);  // a sleeping tag's cached blocks have no memory: the policy refuses it
+    if (bytes > largest_cached || detail::tag_sleeps(m_.policy, tag)) return m_.policy.allocate(bytes, alignment);  // fails there
+    return allocate_on(shape_of(bytes, alignment, tag), legacy, id, /*for_host=*/true);
   }
 
   /// Safe for any prior work on any stream, as cudaFree is: set aside until a device-wide wait (docs/architecture.md).
@@ -329,7 +331,7 @@ private:
   /// Requests of one good size share a key when the policy's good size is its own good size (asking for it
   /// consumes exactly it): then any of them may reuse the block, and the policy always sees that one request.
   /// Otherwise (e.g. alignment slack added on top) the key is the request rounded to 256 bytes.
-  shape shape_of(std::size_t bytes, std::size_t alignment) const noexcept
+  shape shape_of(std::size_t bytes, std::size_t alignment, tag_id tag = 0) const noexcept
   {
     const std::size_t align = effective_alignment(alignment);
     std::size_t request = align_up(bytes, default_alignment);
@@ -338,7 +340,7 @@ private:
       footprint = m_.policy.good_size(bytes, align);
       if (m_.policy.good_size(footprint, align) == footprint) request = footprint;
     }
-    return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align))};
+    return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align)), tag};
   }
 
   /// An allocate on `stream`, whose id is `known_id` when the caller knows it.
@@ -347,8 +349,9 @@ private:
     check_alignment("stream_ordered", alignment, largest_alignment);
     if (bytes == 0) return m_.policy.allocate(0, alignment);  // null, once the policy has checked the alignment
     collect_released_pools();
-    if (bytes > largest_cached) return m_.policy.allocate(bytes, alignment);  // fails there, naming the policy
-    const shape sh = shape_of(bytes, alignment);
+    const tag_id tag = detail::allocation_tag(m_.policy);  // a sleeping tag's cached blocks have no memory: the policy refuses it
+    if (bytes > largest_cached || detail::tag_sleeps(m_.policy, tag)) return m_.policy.allocate(bytes, alignment);  // fails there
+    const shape sh = shape_of(bytes, alignment, tag);
     void* pooled = nullptr;  // a block handed to a capture without its pool knowing could be reused while the graph lives
     const std::optional<std::uint64_t> id = this->id_to_allocate(sh, stream, known_id, pooled);
     return id ? allocate_on(sh, stream, *id, /*for_host=*/false, /*capture_checked=*/true) : pooled;
@@ -369,7 +372,7 @@ private:
   void* allocate_on(const shape& sh, cuda::stream_ref stream, std::uint64_t id, bool for_host, bool capture_checked = false)
   {
     stream_state& s = state_of(id, stream);
-    if (node* n = s.oldest != nullptr ? s.take(sh.key) : nullptr) {
+    if (node* n = s.oldest != nullptr ? s.take(sh.key, sh.tag) : nullptr) {
       if (for_host) {
         try {
           this->refuse_host_wait_under_capture();
@@ -420,8 +423,10 @@ private:
       }
       return;
     }
+    const tag_id tag = detail::block_tag(m_.policy, p);
+    if (detail::tag_sleeps(m_.policy, tag)) return m_.policy.deallocate(p, sh.request, sh.align);  // unmapped: no work can use it
     try {
-      m_.cache.file(*s, p, sh);
+      m_.cache.file(*s, p, {sh.request, sh.footprint, sh.align, sh.key, tag});
     } catch (...) {
       this->return_unordered(p, sh);
       return;
