@@ -87,6 +87,21 @@ inline std::size_t pages_touched(const std::vector<std::pair<std::uintptr_t, std
                                                " free; the tag stays paused, its backup kept");
 }
 
+/// Waits until no copy queued on `pages` can still run, after a copy failed part way: the queued pieces may
+/// be in flight. Never throws; when the copies' own wait fails, the device-wide wait stands in for it.
+template <class Pages>
+void drain_copies(Pages& pages) noexcept
+{
+  try {
+    pages.finish_copies();
+  } catch (...) {
+    try {
+      pages.synchronize();
+    } catch (...) {  // nothing more can be waited for
+    }
+  }
+}
+
 /// Lists a tag's live blocks, waits for the device (the work queued on them finishes first) and, with a
 /// backup, copies each to pinned memory taken from `store`. Nothing in the pool changes: on failure the
 /// backup's room goes back to the store and the tag runs on. Costs: one device-wide wait, a pin only when no
@@ -111,6 +126,7 @@ std::unique_ptr<sleeping_tag> copy_out(Core& core, Pages& pages, backup_store& s
     }
     pages.finish_copies();
   } catch (...) {
+    drain_copies(pages);  // the backup's room goes back only once no queued copy writes into it
     store.give(t->backup);
     throw;
   }
@@ -141,6 +157,7 @@ void copy_in(Core& core, Pages& pages, const backup_store& store, const sleeping
     for (std::size_t i = 0; i < blocks.size(); ++i) pages.copy_to_device(blocks[i].first, store.at(t.backup) + offsets[i], blocks[i].second);
     pages.finish_copies();
   } catch (...) {
+    drain_copies(pages);  // no copy may still write into memory about to be unmapped
     for (const auto& b : blocks) (void)core.take_back(reinterpret_cast<void*>(b.first));
     try {
       (void)core.release();

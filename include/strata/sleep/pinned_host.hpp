@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,12 +29,17 @@ struct pinned_host_layout {
 
 /// Pins `bytes` of new host memory (cudaHostRegisterPortable: every device may copy from it) with up to
 /// `threads` threads registering chunks at once (0: up to 8, by the hardware). Throws strata::out_of_memory
-/// when the host refuses, with nothing left pinned or mapped. Cost: an mmap, bytes / 64 MiB
+/// when the host refuses or `bytes` is beyond the address space, with nothing left pinned or mapped, and
+/// strata::cuda_error when the calling thread has no device. Cost: an mmap, bytes / 64 MiB
 /// cudaHostRegister calls spread over the threads; the host locks every page. Thread-safe.
 inline void* pin_host(std::size_t bytes, unsigned threads = 0)
 {
   constexpr std::size_t chunk = pinned_host_layout::chunk;
   if (bytes == 0) return nullptr;
+  if (bytes > std::numeric_limits<std::size_t>::max() - 2 * chunk)  // the rounding below would wrap
+    throw out_of_memory("pin_host", bytes, "more than the address space holds");
+  int device = 0;  // the workers register on the caller's device: a new thread starts on device 0
+  detail::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   const std::size_t length = (bytes + chunk - 1) / chunk * chunk;
   void* raw = ::mmap(nullptr, length + chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) throw out_of_memory("pin_host", bytes, "mmap refused");
@@ -52,6 +58,7 @@ inline void* pin_host(std::size_t bytes, unsigned threads = 0)
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   auto work = [&] {
+    if (cudaSetDevice(device) != cudaSuccess) failed = true;
     for (std::size_t i; !failed.load() && (i = next.fetch_add(1)) < chunks;) {
       if (cudaHostRegister(p + i * chunk, chunk, cudaHostRegisterPortable) == cudaSuccess) done[i] = 1;
       else failed = true;
