@@ -185,6 +185,8 @@ int main(int argc, char** argv)
   strata::coalescing_pool<strata::device_source> bare_coalescing;
   strata::mapped_pool<strata::driver_pages> bare_mapped{strata::driver_pages{0}, {}};
   strata::default_pool recommended = strata::make_default_pool();
+  // Captures announced (begin_allocate_to_pool), as PyTorch does and the plug-in assumes: no capture query.
+  strata::default_pool announced = strata::make_default_pool({.stream = {.check_capture = false}});
   const std::vector<allocator_under_test> pair_only = {
     {"size_class_pool alone", [&](std::size_t n, const stream_t&) { return bare_size_class.allocate(n, 256); },
      [&](void* p, std::size_t n, const stream_t&) { bare_size_class.deallocate(p, n, 256); }},
@@ -194,6 +196,8 @@ int main(int argc, char** argv)
      [&](void* p, std::size_t n, const stream_t&) { bare_mapped.deallocate(p, n, 256); }},
     {"default_pool (identified)", [&](std::size_t n, const stream_t& s) { return recommended.allocate_async(n, 256, s); },
      [&](void* p, std::size_t n, const stream_t& s) { recommended.deallocate_async(p, n, 256, s); }},
+    {"default_pool (identified, captures announced)", [&](std::size_t n, const stream_t& s) { return announced.allocate_async(n, 256, s); },
+     [&](void* p, std::size_t n, const stream_t& s) { announced.deallocate_async(p, n, 256, s); }},
     {"default_pool (stream handle)", [&](std::size_t n, const stream_t& s) { return recommended.allocate_async(n, 256, plain(s)); },
      [&](void* p, std::size_t n, const stream_t& s) { recommended.deallocate_async(p, n, 256, plain(s)); }},
   };

@@ -1,7 +1,8 @@
-// stream_ordered's common path on the real driver: on an identified stream with no capture announced, an
-// allocate/free pair makes no stream id or capture query; on a plain handle, a capture query a call and an id
-// query an allocation (the lone owner's frees need none). Captures are still found (announced, or on a plain
-// handle) and served from private pools, or refused, with the capture left valid. The backend below counts the
+// stream_ordered's common path on the real driver: on an identified stream an allocate/free pair makes no id
+// query, and without check_capture (captures announced) no capture query either; with check_capture every
+// call asks the capture query; a plain handle adds an id query an allocation (the lone owner's frees need
+// none). Captures are still found (announced, or by the query) and served from private pools, or refused,
+// with the capture left valid. The backend below counts the
 // layer's queries and passes them to cuda_events.
 #include <doctest/doctest.h>
 
@@ -56,11 +57,11 @@ cudaStream_t make_stream()
 
 layer_t make_layer(layer_t::options opts = {}) { return layer_t{pool{device_source{}, {}}, opts, counted_events{}}; }
 
-mapped_layer_t make_mapped_layer()
+mapped_layer_t make_mapped_layer(mapped_layer_t::options opts = {})
 {
   int device = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  return mapped_layer_t{mapped_pool<driver_pages>{driver_pages{device}, {}}, {}, counted_events{}};
+  return mapped_layer_t{mapped_pool<driver_pages>{driver_pages{device}, {}}, opts, counted_events{}};
 }
 
 /// `pairs` allocate/free pairs of 256 B to 1 MiB on `s`.
@@ -75,23 +76,26 @@ void pairs_on(Layer& layer, const Stream& s, int pairs)
   }
 }
 
+/// An identified stream asks no id, and without check_capture nothing at all; a plain handle asks the id
+/// (the allocations': the lone owner's frees need none); with check_capture every call asks the capture query.
 template <class Layer>
-void no_query_on_identified_stream(Layer layer)
+void queries_per_call(Layer layer, bool check_capture)
 {
+  const std::uint64_t check = check_capture ? 1 : 0;
   cudaStream_t s = make_stream();
   const identified_stream fast = identify(s);
   pairs_on(layer, fast, 100);  // warm: the policy's chunks or mappings are in place
   const auto before = *layer.backend().n;
   pairs_on(layer, fast, 20000);
   CHECK(layer.backend().n->ids == before.ids);
-  CHECK(layer.backend().n->captures == before.captures);
+  CHECK(layer.backend().n->captures == before.captures + check * 40000);
   CHECK(layer.backend().n->capture_infos == before.capture_infos);
   CHECK(layer.owner() == fast.id());
 
   const auto plain_before = *layer.backend().n;
   pairs_on(layer, cuda::stream_ref{s}, 20000);
-  CHECK(layer.backend().n->ids == plain_before.ids + 20000);  // the allocations': the lone owner's frees need none
-  CHECK(layer.backend().n->captures == plain_before.captures + 40000);  // one a call (check_capture)
+  CHECK(layer.backend().n->ids == plain_before.ids + 20000);
+  CHECK(layer.backend().n->captures == plain_before.captures + check * 40000);
 
   // The blocks are good memory, used by kernels on the stream.
   void* p = layer.allocate_async(1 << 20, 256, fast);
@@ -106,14 +110,19 @@ void no_query_on_identified_stream(Layer layer)
 
 TEST_SUITE("gpu")
 {
-TEST_CASE("stream hot path: no stream query on an identified stream; an id and a capture query on a plain handle (coalescing_pool)")
+TEST_CASE("stream hot path: without check_capture, no stream query on an identified stream and an id on a plain handle (coalescing_pool)")
 {
-  no_query_on_identified_stream(make_layer());
+  queries_per_call(make_layer({.check_capture = false}), false);
 }
 
-TEST_CASE("stream hot path: no stream query on an identified stream; an id and a capture query on a plain handle (mapped_pool)")
+TEST_CASE("stream hot path: without check_capture, no stream query on an identified stream and an id on a plain handle (mapped_pool)")
 {
-  no_query_on_identified_stream(make_mapped_layer());
+  queries_per_call(make_mapped_layer({.check_capture = false}), false);
+}
+
+TEST_CASE("stream hot path: with check_capture, a capture query a call on identified streams and plain handles alike")
+{
+  queries_per_call(make_layer(), true);
 }
 
 TEST_CASE("stream hot path: asking a capturing stream's id invalidates the capture, so the capture query comes first")
@@ -164,11 +173,11 @@ TEST_CASE("stream hot path: an unannounced capture on a plain handle is found an
   REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
   CHECK(strata::testing::mismatches(out, bytes, 21) == 0);
 
-  // A call on s sees the capture over: an identified stream asks nothing again.
+  // A call on s sees the capture over: an identified stream asks check_capture's query alone again.
   pairs_on(layer, cuda::stream_ref{s}, 1);
   const auto before = *layer.backend().n;
   pairs_on(layer, identify(s), 100);
-  CHECK(layer.backend().n->captures == before.captures);
+  CHECK(layer.backend().n->captures == before.captures + 200);
   CHECK(layer.backend().n->ids == before.ids);
   REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
   REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
@@ -181,7 +190,7 @@ TEST_CASE("stream hot path: an unannounced capture on a plain handle is found an
 
 TEST_CASE("stream hot path: an announced capture on an identified stream is routed to its pool")
 {
-  layer_t layer = make_layer();
+  layer_t layer = make_layer({.check_capture = false});
   cudaStream_t s = make_stream();
   const identified_stream fast = identify(s);
   pairs_on(layer, fast, 13);

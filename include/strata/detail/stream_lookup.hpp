@@ -16,15 +16,16 @@ namespace strata::detail {
 /// refuses the id of a capturing stream and invalidates the capture for asking.
 /// - While a capture may be under way (a route is open, or a capture was seen and is not known ended), every
 ///   call asks the capture query, as PyTorch's allocator does while its list of captures is not empty.
-/// - Otherwise an identified_stream needs no call at all: a capture on a stream passed as identified_stream
-///   must be announced (begin_allocate_to_pool) or first reach the layer through a plain handle.
-/// - A plain handle costs the id lookup, and with options::check_capture the capture query before it: the
-///   only way to find a capture nobody announced. One id is cached, safely: a free on the handle the owner
+/// - Otherwise, with options::check_capture, every call asks the capture query: the only way to find a capture
+///   nobody announced. Without it (captures announced with begin_allocate_to_pool, as PyTorch does) an
+///   identified_stream needs no call at all.
+/// - A plain handle costs the id lookup besides. One id is cached, safely: a free on the handle the owner
 ///   was last seen with, while no other stream has used the layer (owner_alone_on).
 /// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
 /// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
-/// stream's blocks. Models nothing; holds nothing. Cost: no backend call for an identified stream while no
-/// capture may be under way; for a plain handle, one or two (check_capture), a free by the lone owner one less.
+/// stream's blocks. Models nothing; holds nothing. Cost: while no capture may be under way, an identified
+/// stream needs the capture query (check_capture) or nothing; a plain handle the id lookup besides, which a
+/// free by the lone owner skips.
 template <class Layer, class Backend>
 class stream_lookup {
 protected:
@@ -35,7 +36,7 @@ protected:
   {
     // Before the id, even on a hit: a block handed to a capture without its pool knowing could be reused
     // while the graph lives.
-    if (asks_capture(known_id != nullptr) && l().routed(sh, stream, out)) return std::nullopt;
+    if (asks_capture() && l().routed(sh, stream, out)) return std::nullopt;
     if (known_id != nullptr) return *known_id;
     try {
       return m().backend.id_of(stream);
@@ -57,7 +58,7 @@ protected:
   std::optional<std::uint64_t> id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
   {
     bool capturing = false;
-    if (asks_capture(known_id != nullptr)) {
+    if (asks_capture()) {
       try {
         capturing = l().captures(stream);
       } catch (...) {
@@ -82,12 +83,9 @@ private:
   const Layer& l() const noexcept { return static_cast<const Layer&>(*this); }
   auto& m() noexcept { return l().m_; }
 
-  /// Whether this call asks the capture query: while a capture may be under way, and on a plain handle
-  /// with check_capture.
-  bool asks_capture(bool identified) const noexcept
-  {
-    return l().capture_possible() || (!identified && l().m_.opts.check_capture);
-  }
+  /// Whether this call asks the capture query: while a capture may be under way, and on every stream with
+  /// check_capture (the only way to find a capture nobody announced, identified streams included).
+  bool asks_capture() const noexcept { return l().capture_possible() || l().m_.opts.check_capture; }
 
   /// Whether a free on `stream` may be filed as the owner's without asking the id: the handle is the one the
   /// owner was last seen with, an ordinary stream's (the default streams' handles name another stream per

@@ -24,9 +24,9 @@
 namespace strata {
 
 /// A stream with the id that tells it apart from every other stream, looked up once. Valid while the stream
-/// lives (the same contract as its handle). stream_ordered's overloads taking it make no CUDA call while no
-/// capture is announced or seen, so a capture on a stream passed this way must be announced
-/// (begin_allocate_to_pool) or first reach the layer through the plain handle (docs/architecture.md).
+/// lives (the same contract as its handle). stream_ordered's overloads taking it skip the id lookup, and with
+/// check_capture off (captures announced with begin_allocate_to_pool) make no CUDA call while no capture is
+/// announced or seen (docs/architecture.md).
 /// A per-thread default stream is a different stream on every thread: its identified_stream remembers the
 /// thread it was identified on (`bound_thread()`), and stream_ordered looks the id up again when it is used
 /// on another thread, so a free is always filed under the stream that really orders it.

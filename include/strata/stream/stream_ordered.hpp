@@ -52,9 +52,9 @@ namespace strata {
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
 /// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons, plus
-/// the stream's lookup (detail::stream_lookup): no driver call for an identified_stream, whose captures must
-/// be announced; for a plain handle the id lookup, and with `check_capture` a capture query; a capture query
-/// for every stream while a capture is announced or seen. On another stream, a cached allocate or free is a
+/// the stream's lookup (detail::stream_lookup): with `check_capture` a capture query (none without it, when
+/// captures are announced); for a plain handle the id lookup besides; a capture query for every stream
+/// while a capture is announced or seen. On another stream, a cached allocate or free is a
 /// hash lookup, O(1), plus a tag check for a tagging policy; a miss costs the policy's allocate, an event
 /// query per pending event and at most one event record and cudaStreamWaitEvent per batch of frees.
 /// Unsynchronized. Move-only: a move hands every block, event and pool over.
@@ -84,10 +84,10 @@ public:
     std::size_t frees_per_event = 8;
     std::size_t bytes_per_event = std::size_t{16} << 20;  ///< ... or once they hold more bytes than this
     std::size_t sync_frees_per_wait = 64;  ///< synchronous frees set aside before one device-wide wait returns them
-    /// Find captures nobody announced on plain handles: a capture query at every allocate and free on one, and
-    /// one of the legacy stream before a host wait (docs/architecture.md). Off: only captures announced with
+    /// Find captures nobody announced: a capture query at every allocate and free, and one of the legacy
+    /// stream before a host wait (docs/architecture.md). Off: only captures announced with
     /// begin_allocate_to_pool (PyTorch's torch.cuda.graph does; the plug-in's default) or already seen are
-    /// known, as in PyTorch's caching allocator. A capture on an identified_stream must be announced either way.
+    /// known, as in PyTorch's caching allocator, and an identified_stream then costs no driver call.
     bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
     /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see docs/architecture.md).
