@@ -96,13 +96,14 @@ STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, c
 STRATA_ALLOC_API void strata_tag_begin(unsigned tag);
 STRATA_ALLOC_API void strata_tag_end(void);
 STRATA_ALLOC_API unsigned strata_current_tag(void);
-/* On every device with a stack: blocks held for recorded uses and the stream layer's cached blocks go back,
- * then each tag's live blocks are copied to pinned host memory (backup != 0; otherwise dropped) and its
- * device memory is given back, addresses kept. 0 ok; -1 with strata_last_error() (a device's failure stops
- * there: the tags of earlier devices stay paused). */
+/* On every device that holds one of the tags: blocks held for recorded uses and the stream layer's cached
+ * blocks go back, then each tag's live blocks are copied to pinned host memory (backup != 0; otherwise
+ * dropped) and its device memory is given back, addresses kept. 0 ok; -1 with strata_last_error(): a tag no
+ * device holds, nothing changed; or a device's failure, which stops there (earlier devices stay paused). */
 STRATA_ALLOC_API int strata_pause(const unsigned* tags, size_t n, int backup);
-/* Maps the tags again at the same addresses and copies their backups back. -1 with the message on failure
- * (out of memory names the tag, the bytes needed and free; the tag stays paused and may be resumed later). */
+/* On every device where one of the tags is paused: maps it again at the same addresses and copies its backup
+ * back. -1 with the message on failure: a tag paused nowhere, nothing changed; out of memory names the tag,
+ * the bytes needed and free (the tag stays paused and may be resumed later). */
 STRATA_ALLOC_API int strata_resume(const unsigned* tags, size_t n);
 /* Pins `bytes` ahead on `device`'s stack, so a pause up to that size pins nothing: 0 ok, -1 + message. */
 STRATA_ALLOC_API int strata_reserve_backup(int device, size_t bytes);

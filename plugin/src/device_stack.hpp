@@ -73,6 +73,9 @@ public:
   virtual void resume(std::span<const tag_id> tags) = 0;
   virtual void reserve_backup(std::size_t bytes) = 0;
   virtual std::size_t release_backup() = 0;
+  /// Whether this device holds memory or live blocks under `tag`, or has it paused; false without tags.
+  virtual bool holds_tag(tag_id tag) const noexcept = 0;
+  virtual bool tag_paused(tag_id tag) const noexcept = 0;
 };
 
 /// A stream_ordered Stack (optionally under recorder, which writes the trace to a file this holder owns).
@@ -194,6 +197,20 @@ public:
   {
     if constexpr (sleeps) return inner().policy().release_backup();
     else return 0;
+  }
+  bool holds_tag(tag_id tag) const noexcept override
+  {
+    if constexpr (sleeps) {
+      const auto& p = inner().policy();
+      return p.paused(tag) || p.in_use(tag) > 0 || p.physical_bytes(tag) > 0;
+    } else {
+      return false;
+    }
+  }
+  bool tag_paused(tag_id tag) const noexcept override
+  {
+    if constexpr (sleeps) return inner().policy().paused(tag);
+    else return false;
   }
 
   Stack& inner() noexcept

@@ -485,6 +485,42 @@ int for_each_built(const char* where, F&& f) noexcept
   return 0;
 }
 
+/// The tags of `asked` for which `on_device` holds: a tag pauses and resumes on the devices it lives on.
+template <class Pred>
+std::vector<tag_id> tags_where(std::span<const tag_id> asked, Pred&& on_device)
+{
+  std::vector<tag_id> here;
+  for (tag_id t : asked)
+    if (on_device(t)) here.push_back(t);
+  return here;
+}
+
+/// True when every tag of `asked` satisfies `on` on some device; otherwise sets the error naming the first
+/// that does not (`what`: why it cannot be paused or resumed) and returns false, nothing changed.
+template <class Pred>
+bool every_tag_somewhere(const char* where, std::span<const tag_id> asked, Pred&& on, const char* what) noexcept
+{
+  try {
+    for (tag_id t : asked) {
+      bool found = false;
+      for (int d = 0; d < max_devices && !found; ++d) {
+        device_slot* s = built_slot(d);
+        if (s == nullptr) continue;
+        std::lock_guard lock(*s->mutex);
+        found = on(*s->stack, t);
+      }
+      if (!found) {
+        set_error(where, std::string("tag ") + std::to_string(t) + " " + what + " on any device");
+        return false;
+      }
+    }
+    return true;
+  } catch (const std::exception& e) {
+    set_error(where, e);
+    return false;
+  }
+}
+
 } // namespace
 
 extern "C" {
@@ -761,7 +797,8 @@ thread_local cudaStream_t cupy_stream = cudaStreamLegacy;
 void strata_tag_begin(unsigned tag)
 {
   try {
-    tag_stack.push_back(std::exchange(strata::detail::thread_tag, tag));
+    tag_stack.push_back(strata::detail::thread_tag);  // first, so a failed push leaves the tag as it was
+    strata::detail::thread_tag = tag;
   } catch (const std::exception& e) {
     set_error("tag_begin", e);
   }
@@ -778,12 +815,24 @@ unsigned strata_current_tag(void) { return strata::current_tag(); }
 
 int strata_pause(const unsigned* tags, size_t n, int backup)
 {
-  return for_each_built("pause", [&](device_stack& stack) { stack.pause(std::span<const tag_id>(tags, n), backup != 0); });
+  const std::span<const tag_id> asked(tags, n);
+  if (!every_tag_somewhere("pause", asked, [](const device_stack& s, tag_id t) { return s.holds_tag(t); }, "was never used"))
+    return -1;
+  return for_each_built("pause", [&](device_stack& stack) {
+    const auto here = tags_where(asked, [&](tag_id t) { return stack.holds_tag(t); });
+    if (!here.empty()) stack.pause(here, backup != 0);
+  });
 }
 
 int strata_resume(const unsigned* tags, size_t n)
 {
-  return for_each_built("resume", [&](device_stack& stack) { stack.resume(std::span<const tag_id>(tags, n)); });
+  const std::span<const tag_id> asked(tags, n);
+  if (!every_tag_somewhere("resume", asked, [](const device_stack& s, tag_id t) { return s.tag_paused(t); }, "is not paused"))
+    return -1;
+  return for_each_built("resume", [&](device_stack& stack) {
+    const auto here = tags_where(asked, [&](tag_id t) { return stack.tag_paused(t); });
+    if (!here.empty()) stack.resume(here);
+  });
 }
 
 int strata_reserve_backup(int device, size_t bytes)

@@ -769,3 +769,26 @@ TEST_CASE("C API: sleep and wake by tag on the simulated stack (tag_begin/end, p
           EXPECT(mentions("never used"));
         }) == "");
 }
+
+TEST_CASE("C API: a tag pauses and resumes on the devices it lives on, the others untouched")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_devices=2,sim_capacity=256MiB") == 0);
+          cudaStream_t on0 = strata_sim_stream_create(0), on1 = strata_sim_stream_create(1);
+          strata_tag_begin(5);
+          void* weights = strata_malloc(40 * MiB, 0, on0);  // tag 5 on device 0 alone
+          strata_tag_end();
+          void* other = strata_malloc(8 * MiB, 1, on1);  // device 1 built, tag 0 only
+          EXPECT(weights != nullptr && other != nullptr);
+          const unsigned five[] = {5};
+          EXPECT(strata_pause(five, 1, 1) == 0);
+          EXPECT(stat(1, "allocated_bytes.all.current") == static_cast<long long>(8 * MiB));
+          EXPECT(strata_pause(five, 1, 1) == -1);  // paused on device 0: refused there, nothing changed
+          EXPECT(mentions("already paused"));
+          EXPECT(strata_resume(five, 1) == 0);
+          EXPECT(strata_resume(five, 1) == -1);
+          EXPECT(mentions("not paused on any device"));
+          strata_free(weights, 40 * MiB, 0, on0);
+          strata_free(other, 8 * MiB, 1, on1);
+        }) == "");
+}
