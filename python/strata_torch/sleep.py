@@ -9,7 +9,8 @@ addresses, so CUDA graphs and raw pointers stay valid (an RL trainer and an infe
     strata_torch.resume("trainer")            # mapped again at the same addresses, contents copied back
 
 Tags are names (or small integers); each name gets its own id on first use, 0 being the untagged default.
-The tag of an allocation is the calling thread's at the time (a `with tag(...)` block nests). docs/sleep_wake.md
+The tag of an allocation is the calling thread's at the time (a `with tag(...)` block nests); autograd's
+backward threads carry tag 0. docs/sleep_wake.md
 says what each call costs. Pure Python over the plug-in's C entry points: no torch import.
 """
 

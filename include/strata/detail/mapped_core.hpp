@@ -34,9 +34,9 @@
 
 namespace strata::detail {
 
-/// One tag's pool over page-mapped memory (mapped_pool's doc says what it models; this class is its body, one
-/// per tag, over a backend it borrows from mapped_pool). A pool over page-mapped memory (CUDA virtual memory management; docs/architecture.md, "Page-mapped
-/// memory"). Two large address ranges are reserved, for requests up to `small_limit` and for larger ones,
+/// One tag's pool over page-mapped memory (CUDA virtual memory management; docs/architecture.md, "Page-mapped
+/// memory"): mapped_pool's body, one per tag, over a backend it borrows from mapped_pool, with the live-block
+/// listing and restore() that pause and resume use. Two large address ranges are reserved, for requests up to `small_limit` and for larger ones,
 /// each one TLSF pool whose free blocks merge across page boundaries (detail/address_range.hpp). Physical
 /// memory stands only behind pages live blocks touch (detail/page_table.hpp): a run of unmapped pages gets one
 /// physical allocation. A mapping no live block touches stays mapped ("idle") and is reused in place; it is
@@ -51,7 +51,8 @@ namespace strata::detail {
 /// O(mappings it covers + log mappings); a new mapping three driver calls (two where it takes, at its size,
 /// an allocation the reclaim before it unmapped, instead of releasing that one and creating another), a
 /// relocation two; the host waits for the device only in a reclaim (once for a batch of mappings), in
-/// release(), when stale ranges pass `stale_address_limit`, and when the pool goes. Unsynchronized. Move-only; the ranges are reserved on first use.
+/// release(), when stale ranges pass `stale_address_limit`, and when the pool goes. Unsynchronized.
+/// Move-only; the ranges are reserved on first use.
 template <page_backend Backend>
 class mapped_core {
 public:
