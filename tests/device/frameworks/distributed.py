@@ -45,6 +45,8 @@ def wrap(model, rank):
 
 
 def main():
+    if steps <= warmup:
+        sys.exit(f"--steps {steps}: must exceed the {warmup} warm-up steps")
     rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))

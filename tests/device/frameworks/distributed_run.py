@@ -19,6 +19,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = 1e-4
 
 
+def relative_difference(expected, got):
+    """The largest relative difference between two loss curves; infinite when their lengths differ."""
+    if len(expected) != len(got) or not expected:
+        return float("inf")
+    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(expected, got))
+
+
 def run(alloc, mode, steps, log, timeout):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            os.path.join(HERE, "distributed.py"), "--allocator", alloc, "--mode", mode, "--steps", str(steps)]
@@ -63,17 +70,18 @@ def main():
         results[mode] = rounds
         if not done:
             continue
-        n, s = done[0]["native"], done[0]["strata"]
-        worst = max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(n["losses"], s["losses"])), default=float("inf"))
-        check(f"{mode}: strata's losses equal PyTorch's allocator's ({len(s['losses'])} steps)",
-              len(n["losses"]) == len(s["losses"]) and worst <= TOLERANCE, f"largest relative difference {worst:.2e}")
-        check(f"{mode}: torch.cuda names strata's backend under strata", s["backend"] == "strata", s["backend"])
-        ratio = {k: [g["peak_reserved"][i] / g["peak_allocated"][i] for i in range(2)]
-                 for k, g in (("native", n), ("strata", s))}
-        check(f"{mode}: strata's peak reserved / allocated no worse than native's on each rank",
-              all(ratio["strata"][i] <= ratio["native"][i] for i in range(2)),
-              f"native {ratio['native'][0]:.3f} / {ratio['native'][1]:.3f}, "
-              f"strata {ratio['strata'][0]:.3f} / {ratio['strata'][1]:.3f}")
+        worst = max(relative_difference(g["native"]["losses"], g["strata"]["losses"]) for g in done)
+        steps = {len(g[a]["losses"]) for g in done for a in ("native", "strata")}
+        check(f"{mode}: strata's losses equal PyTorch's allocator's in every round ({len(done)} rounds)",
+              steps == {a.steps} and worst <= TOLERANCE, f"largest relative difference {worst:.2e}")
+        check(f"{mode}: torch.cuda names strata's backend under strata",
+              all(g["strata"]["backend"] == "strata" for g in done), done[0]["strata"]["backend"])
+        ratios = [{k: [g[k]["peak_reserved"][i] / g[k]["peak_allocated"][i] for i in range(2)] for k in ("native", "strata")}
+                  for g in done]
+        check(f"{mode}: strata's peak reserved / allocated no worse than native's on each rank in every round",
+              all(r["strata"][i] <= r["native"][i] for r in ratios for i in range(2)),
+              f"native {ratios[0]['native'][0]:.3f} / {ratios[0]['native'][1]:.3f}, "
+              f"strata {ratios[0]['strata'][0]:.3f} / {ratios[0]['strata'][1]:.3f} (first round)")
         speed = [g["strata"]["steps_per_s"] / g["native"]["steps_per_s"] for g in done]
         print(f"SPEED {mode}: strata/native steps/s median {statistics.median(speed):.3f} over {len(speed)} rounds "
               f"(range {min(speed):.3f}-{max(speed):.3f}); native {statistics.median(g['native']['steps_per_s'] for g in done):.2f} "
