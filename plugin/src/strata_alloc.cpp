@@ -466,10 +466,12 @@ simulated_streams* world_or_error(const char* where) noexcept
 /// This thread's tags before each strata_tag_begin still open.
 thread_local std::vector<tag_id> tag_stack;
 
-/// Calls f on every device's built stack under its lock, stopping at the first failure: 0, or -1 with the message.
+/// Calls f on every device's built stack under its lock: 0, or -1 with the (last) failure's message. Stops at
+/// the first failure unless `every_device` (a reset goes on to the other devices).
 template <class F>
-int for_each_built(const char* where, F&& f) noexcept
+int for_each_built(const char* where, F&& f, bool every_device = false) noexcept
 {
+  int status = 0;
   for (int d = 0; d < max_devices; ++d) {
     device_slot* s = built_slot(d);
     if (s == nullptr) continue;
@@ -479,10 +481,11 @@ int for_each_built(const char* where, F&& f) noexcept
       f(*s->stack);
     } catch (const std::exception& e) {
       set_error(where, e);
-      return -1;
+      status = -1;
+      if (!every_device) return status;
     }
   }
-  return 0;
+  return status;
 }
 
 /// The tags of `asked` for which `on_device` holds: a tag pauses and resumes on the devices it lives on.
@@ -569,17 +572,7 @@ void strata_init(int /*device_count*/)
 
 void strata_reset(void)
 {
-  for (int d = 0; d < max_devices; ++d) {
-    device_slot* s = built_slot(d);
-    if (s == nullptr) continue;
-    std::lock_guard lock(*s->mutex);
-    try {
-      device_scope on(*s, d);
-      s->stack->release();
-    } catch (const std::exception& e) {
-      set_error("reset", e);
-    }
-  }
+  (void)for_each_built("reset", [](device_stack& stack) { stack.release(); }, /*every_device=*/true);
 }
 
 void strata_set_memory_fraction(double fraction, int device)

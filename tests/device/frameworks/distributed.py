@@ -20,6 +20,7 @@ allocator = allocator_from_argv()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import models  # noqa: E402
+import train  # noqa: E402  (tests/device/torch/train.py: strata_calls)
 
 args = sys.argv[1:]
 mode = args[args.index("--mode") + 1]
@@ -29,10 +30,7 @@ warmup = 6
 
 def strata_calls():
     """What strata's stack asked of CUDA so far (driver calls, waits, events); empty under PyTorch's allocator."""
-    if allocator != "strata":
-        return {}
-    import strata_torch
-    return {k: v for k, v in strata_torch.memory_stats().items() if k.startswith("strata.calls.")}
+    return train.strata_calls() if allocator == "strata" else {}
 
 
 def wrap(model, rank):
