@@ -13,6 +13,7 @@
 // resource; RMM's pool and arena through its stream API (bench/rmm_shim) and PyTorch's caching allocator,
 // default and expandable segments (bench/torch_shim), when their shims are given.
 //   peers [--json FILE] [--trace FILE]... [--traces DIR] [--rmm-shim PATH] [--torch-shim PATH] [--only TEXT] [--quick]
+//         [--parts pair,random,replay]
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -668,7 +669,9 @@ int main(int argc, char** argv)
   const std::string json_path = strata::bench::option(argc, argv, "--json");
   const std::string only = strata::bench::option(argc, argv, "--only");
   const bool quick = strata::bench::flag(argc, argv, "--quick");
-  const std::vector<std::string> traces = trace_paths(argc, argv);
+  const std::string parts = strata::bench::option(argc, argv, "--parts", "pair,random,replay");
+  const auto part = [&](const char* name) { return parts.find(name) != std::string::npos; };
+  const std::vector<std::string> traces = part("replay") ? trace_paths(argc, argv) : std::vector<std::string>{};
   if (!strata::bench::gpu_present("peers")) return 0;  // bench/replay plans traces on simulated memory
   cudaDeviceProp prop{};
   strata::bench::check(cudaGetDeviceProperties(&prop, 0), "properties");
@@ -702,7 +705,7 @@ int main(int argc, char** argv)
   // 1. Pair latency.
   const std::vector<std::size_t> pair_sizes = {256, 4096, 65536, 1 << 20, 16 << 20, 256 << 20, std::size_t{1} << 30};
   std::vector<std::vector<double>> pair_ns(rows.size());
-  for (std::size_t k = 0; k < rows.size(); ++k) {
+  for (std::size_t k = 0; k < rows.size() && part("pair"); ++k) {
     for (std::size_t bytes : pair_sizes)
       pair_ns[k].push_back(attempt(rows[k], "pair", [&] { return rows[k].make.make().pair(bytes, quick ? 0.02 : 0.1); }));
     rows[k].make.drop();
@@ -731,7 +734,7 @@ int main(int argc, char** argv)
   std::printf("\n2. random allocations: %zu operations, up to %zu live, 50/50; ns per operation (median of 3)\n%-52s %12s %14s\n",
               count, max_live, "allocator", "uniform", "log-uniform");
   json << ",\"random\":{";
-  for (std::size_t k = 0; k < rows.size(); ++k) {
+  for (std::size_t k = 0; k < rows.size() && part("random"); ++k) {
     const bool slow = rows[k].name == "cudaMalloc/cudaFree" || rows[k].name.ends_with("(sync)");
     double result[2];
     for (int dist = 0; dist < 2; ++dist) {

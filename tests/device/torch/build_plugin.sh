@@ -2,8 +2,14 @@
 # calls_per_step.sh): `strata_build_plugin LOG` builds libstrata_alloc.so (and, with PyTorch's CMake package
 # found, the hooks library) in build-device-torch/, its output to LOG, and exports STRATA_ALLOC_LIBRARY and
 # PYTHONPATH for `import strata_torch`. Returns non-zero when the build fails; the caller says so. Run from the
-# repository root.
+# repository root. With STRATA_ALLOC_LIBRARY already naming a built library (a driver that built it once before
+# starting several scripts side by side) nothing is rebuilt.
 strata_build_plugin() {
+  if [ -n "${STRATA_ALLOC_LIBRARY:-}" ] && [ -f "$STRATA_ALLOC_LIBRARY" ]; then
+    export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+    echo "using the plug-in already built: $STRATA_ALLOC_LIBRARY" >"$1"
+    return 0
+  fi
   export PATH=/usr/local/cuda/bin:$PATH
   local torch_prefix
   torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) &&

@@ -9,6 +9,9 @@ half-way, then a CUDA-graph-captured evaluation step compared with the same step
 --compile: the model goes through torch.compile (default mode) first.
 --mode perf: no determinism switches; the peaks of the whole run, and steps/s over windows of --window steps
 after --warmup steps (the host synchronizes only at window edges); every batch is made on the host first.
+--passes N (perf): the same batches N times over, only the last pass timed, so every shape the timed steps see
+was seen before (cuBLAS's and cuDNN's choices for a new shape, and torch.compile's recompilations, fall in the
+untimed passes).
 """
 
 import argparse
@@ -31,6 +34,7 @@ def parse():
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--conf", default=os.environ.get("STRATA_TEST_CONF", "stack=default"))
     p.add_argument("--compile", action="store_true", help="train torch.compile(model) (default mode)")
+    p.add_argument("--passes", type=int, default=1, help="perf: passes over the same batches, the last one timed")
     return p.parse_args()
 
 
@@ -84,16 +88,20 @@ def main():
         yd.record_stream(main_stream)
         return xd, yd
 
-    result = {"model": args.model, "alloc": args.alloc, "mode": args.mode, "steps": args.steps, "compile": args.compile}
+    passes = args.passes if args.mode == "perf" else 1
+    total = passes * args.steps
+    timed_from = (passes - 1) * args.steps + (args.warmup if passes == 1 else 0)   # the first window's start
+    result = {"model": args.model, "alloc": args.alloc, "mode": args.mode, "steps": args.steps, "compile": args.compile,
+              "passes": passes}
     if args.alloc == "strata":
         result["conf"] = args.conf
         result["hooks"] = strata_torch.hooks()
     losses, times = [], []
     batch = fetch(0)
-    for step in range(args.steps):
+    for step in range(total):
         x, y = batch
-        if step + 1 < args.steps:
-            batch = fetch(step + 1)   # the next batch's copy overlaps this step
+        if step + 1 < total:
+            batch = fetch((step + 1) % args.steps)   # the next batch's copy overlaps this step
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -105,7 +113,7 @@ def main():
             before = reserved(torch, args.alloc)
             torch.cuda.empty_cache()
             result["empty_cache_reserved"] = [before, reserved(torch, args.alloc)]
-        if args.mode == "perf" and step + 1 >= args.warmup and (step + 1 - args.warmup) % args.window == 0:
+        if args.mode == "perf" and step + 1 >= timed_from and (step + 1 - timed_from) % args.window == 0:
             torch.cuda.synchronize()   # only at window edges: in between, the host runs ahead as in training
             times.append(time.perf_counter())
             if args.alloc == "strata" and len(times) == 1:
