@@ -7,7 +7,8 @@
 #   ROUNDS=6 MODELS="gpt2_varlen gpt2 resnet18" OUT=/tmp/strata-speed bash tests/device/torch/speed_verdict.sh
 # COMPILE=1: every model through torch.compile (reported as MODEL+compile). CONF: the plug-in's configuration
 # (default: empty, the plug-in's defaults). STEPS: batches per pass (48). PASSES: passes over those batches, the
-# last one timed (2: every shape timed was seen before; 1: the first 8 steps warm up). BUDGET_S: no round starts
+# last one timed (2: every shape timed was seen before; 1: the first 8 steps warm up). WINDOW: steps between the
+# host's synchronizations (8; STEPS a multiple of it). BUDGET_S: no round starts
 # after this many seconds (default 540); rounds not run are counted. CUDA_VISIBLE_DEVICES picks the GPU, so
 # several of these can run side by side on a machine of several GPUs, one per GPU.
 # Writes $OUT/runs.jsonl (a line per process) and $OUT/verdict.md; prints the verdict lines.
@@ -19,6 +20,7 @@ MODELS=${MODELS:-gpt2_varlen gpt2 resnet18}
 CONF=${CONF:-}
 STEPS=${STEPS:-48}
 PASSES=${PASSES:-2}
+WINDOW=${WINDOW:-8}
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
 T0=$SECONDS
@@ -30,7 +32,7 @@ one() {
   local extra=()
   [ "$2" = strata ] && [ -n "$CONF" ] && extra=(--conf "$CONF")
   [ -n "${COMPILE:-}" ] && extra+=(--compile)
-  python3 tests/device/torch/train.py --model "$1" --alloc "$2" --mode perf --steps "$STEPS" --passes "$PASSES" "${extra[@]}" \
+  python3 tests/device/torch/train.py --model "$1" --alloc "$2" --mode perf --steps "$STEPS" --passes "$PASSES" --window "$WINDOW" "${extra[@]}" \
     2>>"$OUT/err.txt" | tail -1 > "$OUT/last.json"
   python3 - "$OUT/last.json" "$3" >> "$OUT/runs.jsonl" <<'PY' || echo "{\"model\": \"$1\", \"alloc\": \"$2\", \"round\": $3, \"failed\": true}" >> "$OUT/runs.jsonl"
 import json, sys
@@ -38,7 +40,8 @@ d = json.load(open(sys.argv[1]))
 print(json.dumps({"model": d["model"] + ("+compile" if d.get("compile") else ""), "alloc": d["alloc"], "round": int(sys.argv[2]), "conf": d.get("conf", ""),
                   "passes": d.get("passes", 1),
                   "steps_per_s": d["steps_per_s"], "peak_reserved": d["peak_reserved"],
-                  "peak_allocated": d["peak_allocated"]}))
+                  "peak_allocated": d["peak_allocated"],
+                  "strata_calls_per_step": {k[len("strata.calls."):]: v for k, v in d.get("strata_calls_per_step", {}).items() if v}}))
 PY
 }
 
