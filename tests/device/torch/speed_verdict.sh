@@ -34,7 +34,7 @@ one() {
   [ -n "${COMPILE:-}" ] && extra+=(--compile)
   python3 tests/device/torch/train.py --model "$1" --alloc "$2" --mode perf --steps "$STEPS" --passes "$PASSES" --window "$WINDOW" "${extra[@]}" \
     2>>"$OUT/err.txt" | tail -1 > "$OUT/last.json"
-  python3 - "$OUT/last.json" "$3" >> "$OUT/runs.jsonl" <<'PY' || echo "{\"model\": \"$1\", \"alloc\": \"$2\", \"round\": $3, \"failed\": true}" >> "$OUT/runs.jsonl"
+  python3 - "$OUT/last.json" "$3" >> "$OUT/runs.jsonl" <<'PY' || echo "{\"model\": \"$1${COMPILE:++compile}\", \"alloc\": \"$2\", \"round\": $3, \"failed\": true}" >> "$OUT/runs.jsonl"
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps({"model": d["model"] + ("+compile" if d.get("compile") else ""), "alloc": d["alloc"], "round": int(sys.argv[2]), "conf": d.get("conf", ""),
@@ -48,7 +48,7 @@ PY
 for m in $MODELS; do
   for ((r = 0; r < ROUNDS; r++)); do
     if ((SECONDS - T0 > BUDGET_S)); then
-      echo "{\"model\": \"$m\", \"round\": $r, \"not_run\": true}" >> "$OUT/runs.jsonl"
+      echo "{\"model\": \"$m${COMPILE:++compile}\", \"round\": $r, \"not_run\": true}" >> "$OUT/runs.jsonl"
       continue
     fi
     if ((r % 2 == 0)); then one "$m" native $r; one "$m" strata $r; else one "$m" strata $r; one "$m" native $r; fi
