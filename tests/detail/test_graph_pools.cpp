@@ -19,7 +19,7 @@ std::size_t bytes_of(const blk& b) { return b.bytes; }
 void* addr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
 } // namespace
 
-TEST_CASE("graph_pools: blocks are reused only with the same tag and key, and belong to their pool")
+TEST_CASE("graph_pools: blocks are reused only in the same stream order, under the same tag and key, and belong to their pool")
 {
   graph_pools<blk> pools;
   CHECK(pools.empty());
@@ -41,14 +41,15 @@ TEST_CASE("graph_pools: blocks are reused only with the same tag and key, and be
   CHECK(a->live_blocks == 1);
 
   const reuse_tag s1{7, 0xA}, s2{7, 0xB};
-  pools.put(*a, s1, /*key=*/42, blk{addr(0x1000), 256});
+  pools.put(*a, s1, /*tag=*/0, /*key=*/42, blk{addr(0x1000), 256});
   CHECK(a->free_blocks == 1);
   CHECK(pools.free_blocks() == 1);
   blk out{};
-  CHECK_FALSE(pools.take(*a, s2, 42, out));  // another stream of the capture
-  CHECK_FALSE(pools.take(*a, s1, 43, out));  // another shape
-  CHECK_FALSE(pools.take(*b, s1, 42, out));  // another pool
-  CHECK(pools.take(*a, s1, 42, out));
+  CHECK_FALSE(pools.take(*a, s2, 0, 42, out));  // another stream of the capture
+  CHECK_FALSE(pools.take(*a, s1, 0, 43, out));  // another shape
+  CHECK_FALSE(pools.take(*b, s1, 0, 42, out));  // another pool
+  CHECK_FALSE(pools.take(*a, s1, 3, 42, out));  // another tag: it may sleep while this one runs
+  CHECK(pools.take(*a, s1, 0, 42, out));
   CHECK(out.p == addr(0x1000));
   CHECK(a->live_blocks == 1);
   CHECK(a->free_blocks == 0);
@@ -64,8 +65,8 @@ TEST_CASE("graph_pools: release drains free blocks at once and live ones as they
     pools.prepare_adopt();
     pools.adopt(*pl, addr(i << 12), 1000);
   }
-  pools.put(*pl, reuse_tag::nowhere(), 1, blk{addr(1 << 12), 1000});
-  pools.put(*pl, {0, 5}, 1, blk{addr(2 << 12), 1000});
+  pools.put(*pl, reuse_tag::nowhere(), 0, 1, blk{addr(1 << 12), 1000});
+  pools.put(*pl, {0, 5}, 2, 1, blk{addr(2 << 12), 1000});
   std::vector<void*> drained;
   pools.drain(*pl, &bytes_of, [&](const blk& b) noexcept { drained.push_back(b.p); });
   CHECK(drained.size() == 2);

@@ -1,11 +1,13 @@
 // Sleep and wake by tag on the CUDA driver: a paused tag's contents come back byte for byte at the same
 // addresses, work queued before the pause finishes first, a hundred cycles hold device and pinned memory flat,
-// a CUDA graph captured over the blocks replays after a resume, a resume without room changes nothing, and
-// pinned backups are page-locked in every chunk.
+// a CUDA graph captured over the blocks replays after a resume, a graph whose private pool holds a tag's
+// memory sleeps and wakes with the tag, a resume without room changes nothing, and pinned backups are
+// page-locked in every chunk.
 // Run: strata_gpu_tests -tc='sleep_wake:*'
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <strata/default_pool.hpp>
@@ -60,6 +62,62 @@ unsigned long long plus_one_mismatches(const void* p, std::size_t bytes, std::ui
 }
 
 const std::size_t sizes[] = {256, 100'000, 3 * mib + 4, 5 * mib, 70 * mib + 256, 512 * mib};
+
+__global__ void sum_kernel(const std::uint32_t* p, std::size_t n, unsigned long long* sum)
+{
+  unsigned long long mine = 0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) mine += p[i];
+  atomicAdd(sum, mine);
+}
+
+/// What sum_kernel gives over fill(seed)'s pattern plus `plus` in every word.
+unsigned long long expected_sum(std::size_t n, std::uint32_t seed, std::uint32_t plus)
+{
+  unsigned long long sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += static_cast<std::uint32_t>((seed ^ static_cast<std::uint32_t>(i * 2654435761u)) + plus);
+  return sum;
+}
+
+std::size_t device_free()
+{
+  std::size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  return free;
+}
+
+/// A step captured through default_pool on `s` under the calling thread's tag: two temporaries from the
+/// graph's private pool (the first freed inside the capture, so the pool keeps it free for replays), the
+/// output `out = in + 2` left live, and its sum added into `*sum`.
+struct pooled_graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  void* out = nullptr;
+  void* temp = nullptr;
+};
+
+pooled_graph capture_pooled(default_pool& pool, cudaStream_t s, const void* in, std::size_t n, unsigned long long* sum)
+{
+  pooled_graph g;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  g.temp = pool.allocate_async(n, 256, s);
+  add_one_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(in), static_cast<std::uint32_t*>(g.temp), n / 4);
+  g.out = pool.allocate_async(n, 256, s);
+  add_one_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(g.temp), static_cast<std::uint32_t*>(g.out), n / 4);
+  pool.deallocate_async(g.temp, n, 256, s);
+  sum_kernel<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(g.out), n / 4, sum);
+  REQUIRE(cudaStreamEndCapture(s, &g.graph) == cudaSuccess);
+  REQUIRE(cudaGraphInstantiate(&g.exec, g.graph, 0) == cudaSuccess);
+  pool.deallocate_async(pool.allocate_async(256, 256, s), 256, 256, s);  // a call on s: the layer sees the capture over
+  return g;
+}
+
+unsigned long long replay_sum(const pooled_graph& g, cudaStream_t s, unsigned long long* sum)
+{
+  *sum = 0;
+  REQUIRE(cudaGraphLaunch(g.exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  return *sum;
+}
 
 } // namespace
 
@@ -175,6 +233,97 @@ TEST_CASE("sleep_wake: a CUDA graph captured over tagged blocks replays identica
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   pool.deallocate(in, n);
   pool.deallocate(out, n);
+}
+
+TEST_CASE("sleep_wake: a graph's private pool captured under a tag sleeps and wakes with it; replays give the same sum")
+{
+  default_pool pool = make_default_pool();
+  cudaStream_t s = make_stream();
+  constexpr std::size_t n = 128 * mib;
+  unsigned long long* sum = nullptr;
+  REQUIRE(cudaMallocManaged(&sum, sizeof *sum) == cudaSuccess);
+  void* in = nullptr;
+  pooled_graph g;
+  {
+    tag_scope engine(8);
+    in = pool.allocate_async(n, 256, s);
+    testing::fill(in, n, 13, s);
+    g = capture_pooled(pool, s, in, n, sum);
+  }
+  CHECK(pool.policy().tag_of(g.out) == 8);
+  CHECK(pool.policy().tag_of(g.temp) == 8);
+  const unsigned long long want = expected_sum(n / 4, 13, 2);
+  CHECK(replay_sum(g, s, sum) == want);
+  const std::size_t pools = pool.private_pools(), blocks = pool.private_pool_blocks(), free_blocks = pool.private_pool_free_blocks();
+  REQUIRE(blocks == 2);
+  REQUIRE(free_blocks == 1);
+
+  const std::size_t free_before = device_free();
+  pause(pool, {8});
+  const std::size_t free_asleep = device_free();
+  MESSAGE("device free " << free_before << " before the pause, " << free_asleep << " while tag 8 sleeps");
+  CHECK(free_asleep + 4 * pool.policy().page_size() >= free_before + 3 * n);  // the input, the graph's output and its free temporary
+  CHECK(pool.policy().physical_bytes(8) == 0);
+  CHECK(pool.private_pools() == pools);
+  CHECK(pool.private_pool_blocks() == blocks);
+  CHECK(pool.private_pool_free_blocks() == free_blocks);
+
+  resume(pool, {8});
+  CHECK(pool.private_pool_blocks() == blocks);
+  CHECK(replay_sum(g, s, sum) == want);
+  CHECK(replay_sum(g, s, sum) == want);
+  // Without a backup the replay rebuilds everything but the input, which the graph only reads.
+  pause(pool, {8}, /*backup=*/false);
+  resume(pool, {8});
+  testing::fill(in, n, 13, s);
+  CHECK(replay_sum(g, s, sum) == want);
+
+  REQUIRE(cudaGraphExecDestroy(g.exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(g.graph) == cudaSuccess);
+  pool.deallocate_async(g.out, n, 256, s);
+  pool.deallocate_async(in, n, 256, s);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaFree(sum) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("sleep_wake: a graph captured under tag 0 replays unchanged while another tag sleeps and wakes")
+{
+  default_pool pool = make_default_pool();
+  cudaStream_t s = make_stream();
+  constexpr std::size_t n = 64 * mib, other_bytes = 512 * mib;
+  unsigned long long* sum = nullptr;
+  REQUIRE(cudaMallocManaged(&sum, sizeof *sum) == cudaSuccess);
+  void* in = pool.allocate_async(n, 256, s);
+  testing::fill(in, n, 17, s);
+  const pooled_graph g = capture_pooled(pool, s, in, n, sum);
+  CHECK(pool.policy().tag_of(g.out) == 0);
+  void* other = nullptr;
+  {
+    tag_scope engine(9);
+    other = pool.allocate_async(other_bytes, 256, s);
+    testing::fill(other, other_bytes, 23, s);
+  }
+  const unsigned long long want = expected_sum(n / 4, 17, 2);
+  CHECK(replay_sum(g, s, sum) == want);
+  const std::size_t blocks = pool.private_pool_blocks(), held0 = pool.policy().physical_bytes(0);
+
+  const std::size_t free_before = device_free();
+  pause(pool, {9});
+  CHECK(device_free() + 4 * pool.policy().page_size() >= free_before + other_bytes);
+  CHECK(replay_sum(g, s, sum) == want);  // tag 0's graph runs on while tag 9 sleeps
+  CHECK(pool.policy().physical_bytes(0) == held0);
+  resume(pool, {9});
+  CHECK(replay_sum(g, s, sum) == want);
+  CHECK(pool.private_pool_blocks() == blocks);
+  CHECK(testing::mismatches(other, other_bytes, 23, s) == 0);
+
+  REQUIRE(cudaGraphExecDestroy(g.exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(g.graph) == cudaSuccess);
+  for (auto [p, bytes] : {std::pair{g.out, n}, std::pair{in, n}, std::pair{other, other_bytes}}) pool.deallocate_async(p, bytes, 256, s);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaFree(sum) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 
 TEST_CASE("sleep_wake: resume without room is out_of_memory naming the tag; nothing is lost and a later resume succeeds")

@@ -332,3 +332,38 @@ TEST_CASE("default_pool sleep: a randomized workload on three streams and three 
   pool.release();
   CHECK(pool.policy().usage().in_use == 0);
 }
+
+TEST_CASE("default_pool: a sleeping tag's block freed without a stream goes straight back; in_use stays what the policy counts")
+{
+  simulated_streams world;
+  planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * mib, std::size_t{1} << 30}}, {}, simulated_events{world}};
+  const cuda::stream_ref main{cudaStreamLegacy};
+  void* a = nullptr;
+  void* b = nullptr;
+  {
+    tag_scope trainer(1);
+    a = pool.allocate_async(3 * mib, 256, main);
+    b = pool.allocate_async(5 * mib, 256, main);
+  }
+  void* untagged = pool.allocate_async(mib, 256, main);
+  stamp(pool, b, 5 * mib, 4);
+  world.finish_all();
+  pause(pool, {1});
+  CHECK(pool.usage().in_use == pool.good_size(mib));  // a sleeping tag's bytes are not in use on the device
+  CHECK(pool.usage().in_use == pool.policy().usage().in_use);
+  pool.deallocate(a, 3 * mib);  // synchronous: would be set aside until a device-wide wait, were it mapped
+  CHECK(pool.set_aside_blocks() == 0);
+  CHECK(pool.usage().in_use == pool.good_size(mib));
+  CHECK(pool.policy().paused_bytes(1) == 5 * mib);
+  resume(pool, {1});
+  CHECK_FALSE(pool.owns(a));
+  CHECK(stamped(pool, b, 5 * mib, 4));
+  CHECK(pool.usage().in_use == pool.good_size(mib) + pool.good_size(5 * mib));
+  pool.deallocate(b, 5 * mib);  // mapped again: set aside as usual
+  CHECK(pool.set_aside_blocks() == 1);
+  CHECK(pool.usage().in_use == pool.good_size(mib));
+  pool.deallocate_async(untagged, mib, 256, main);
+  pool.release();
+  CHECK(pool.usage().in_use == 0);
+  CHECK(pool.policy().usage().in_use == 0);
+}

@@ -14,6 +14,7 @@
 
 #include <strata/core/config.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/detail/block_tags.hpp>
 #include <strata/detail/graph_router.hpp>
 #include <strata/detail/pending_frees.hpp>
 #include <strata/stream/cuda_events.hpp>
@@ -94,9 +95,10 @@ protected:
     return false;
   }
 
-  /// A free that concerns the private pools: a pool block (filed in its pool, or, its pool released, freed the
-  /// common way: false), or any block freed under capture (it joins the capture's pool: the graph may use it
-  /// at every replay). False: not for the pools. Never throws: a block that cannot be filed is abandoned.
+  /// A free that concerns the private pools: a pool block (filed in its pool under its tag, or, its pool
+  /// released, freed the common way: false), or any block freed under capture (it joins the capture's pool:
+  /// the graph may use it at every replay). False: not for the pools. Never throws: a block that cannot be
+  /// filed is abandoned.
   bool free_in_pools(void* p, const shape& sh, cuda::stream_ref stream, bool capturing, bool synchronous = false) noexcept
   {
     if constexpr (!graph_backend<Backend>) {
@@ -135,7 +137,9 @@ protected:
           } catch (...) {  // an unknown stream: kept, never reused in the pool
           }
         }
-        m_.graphs.pools().put(*pl, tag, sh.key, set_aside{p, sh});
+        shape own = sh;
+        own.tag = block_tag(m_.policy, p);  // reused only under its own tag: it sleeps and wakes with that tag
+        m_.graphs.pools().put(*pl, tag, own.tag, own.key, set_aside{p, own});
       } catch (...) {
         if (pl != nullptr && m_.graphs.pools().owner_of(p) == pl) m_.graphs.pools().disown(*pl, p, sh.footprint);
         l().abandon(sh);
@@ -168,12 +172,14 @@ protected:
   }
 
   /// A pool's free blocks become synchronous frees (set aside until a device-wide wait, which covers every
-  /// launch and stream that used them); its live blocks follow as they are freed.
+  /// launch and stream that used them); its live blocks follow as they are freed. A sleeping tag's blocks go
+  /// straight back (pending_frees::set_aside_free says why).
   void release_pool_blocks(pool& pl)
   {
     auto& m_ = m();
     m_.deferred.blocks.reserve(m_.deferred.blocks.size() + pl.free_blocks);
     m_.graphs.pools().drain(pl, [](const set_aside& b) noexcept { return b.sh.footprint; }, [&m_](const set_aside& b) noexcept {
+      if (tag_sleeps(m_.policy, b.sh.tag)) return m_.policy.deallocate(b.p, b.sh.request, b.sh.align);
       m_.deferred.blocks.push_back(b);  // capacity reserved
       m_.deferred.bytes += b.sh.footprint;
     });
@@ -211,7 +217,7 @@ private:
   {
     auto [pl, fresh] = m().graphs.open(m().backend, t);
     set_aside b{};
-    if (m().graphs.pools().take(*pl, t.tag, sh.key, b)) {
+    if (m().graphs.pools().take(*pl, t.tag, sh.tag, sh.key, b)) {
       ++m().stats.pool_hits;
       return b.p;
     }

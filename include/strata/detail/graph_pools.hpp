@@ -5,6 +5,9 @@
 // by later allocations of the same pool in the same stream order (same capture and capturing stream, or same
 // uncaptured stream); nobody outside the pool ever gets it until the pool is released.
 //
+// A block serves only allocations under its own tag (docs/sleep_wake.md): a tag's blocks sleep and wake with
+// it, so a block of a sleeping tag handed to another tag's allocation would have no memory behind it.
+//
 // This is host bookkeeping only: it never calls CUDA and never touches the memory. stream_ordered decides
 // where pool blocks come from (its policy) and where they go when a pool is released.
 #include <atomic>
@@ -17,6 +20,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <strata/sleep/tag_scope.hpp>
 
 namespace strata::detail {
 
@@ -41,7 +46,8 @@ struct pool_name {
 };
 
 /// Every private pool of one stream_ordered layer. `Block` is what the layer needs to give a block back (its
-/// pointer first); `key` is the layer's shape key (blocks with one key are interchangeable).
+/// pointer first); `key` is the layer's shape key (blocks with one key are interchangeable); `tag` the
+/// block's tag (the allocation's, when it was taken from the policy).
 /// Costs: take and put O(log b) in the pool's bins; owner_of a hash lookup; adopt a hash insert.
 /// Strong guarantee: open, adopt and put either succeed or change nothing. Unsynchronized.
 template <class Block>
@@ -49,7 +55,7 @@ class graph_pools {
 public:
   struct pool {
     pool_name name;
-    std::map<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>, std::vector<Block>> bins;  ///< (tag, key)
+    std::map<std::tuple<std::uint64_t, std::uint64_t, tag_id, std::uint64_t>, std::vector<Block>> bins;  ///< (order, tag, key)
     std::size_t live_blocks = 0;  ///< handed out and not freed back
     std::size_t free_blocks = 0;  ///< in the bins
     std::size_t bytes = 0;        ///< of every block the pool holds, live or free (as the caller counts them)
@@ -101,10 +107,10 @@ public:
     return it == owners_.end() ? nullptr : it->second;
   }
 
-  /// A block of this key freed in the pool in the same stream order, now handed out again; null if none.
-  bool take(pool& pl, reuse_tag tag, std::uint64_t key, Block& out) noexcept
+  /// A block of this tag and key freed in the pool in the same stream order, now handed out again; false if none.
+  bool take(pool& pl, reuse_tag order, tag_id tag, std::uint64_t key, Block& out) noexcept
   {
-    const auto it = pl.bins.find({tag.capture, tag.stream, key});
+    const auto it = pl.bins.find({order.capture, order.stream, tag, key});
     if (it == pl.bins.end()) return false;
     out = it->second.back();
     it->second.pop_back();
@@ -136,14 +142,14 @@ public:
     pl.bytes += bytes;
   }
 
-  /// A live block of the pool freed: filed for reuse in the same stream order.
-  void put(pool& pl, reuse_tag tag, std::uint64_t key, const Block& b)
+  /// A live block of the pool freed: filed for reuse in the same stream order, under its own tag.
+  void put(pool& pl, reuse_tag order, tag_id tag, std::uint64_t key, const Block& b)
   {
-    auto& bin = pl.bins[{tag.capture, tag.stream, key}];
+    auto& bin = pl.bins[{order.capture, order.stream, tag, key}];
     try {
       bin.push_back(b);
     } catch (...) {
-      if (bin.empty()) pl.bins.erase({tag.capture, tag.stream, key});
+      if (bin.empty()) pl.bins.erase({order.capture, order.stream, tag, key});
       throw;
     }
     --pl.live_blocks;

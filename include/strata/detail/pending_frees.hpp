@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <strata/core/config.hpp>
+#include <strata/detail/block_tags.hpp>
 #include <strata/detail/event_ledger.hpp>
 #include <strata/detail/stream_cache.hpp>
 
@@ -36,10 +37,13 @@ protected:
   using stream_state = stream_free_lists<event>;
   using pending_event = detail::pending_event<event>;
 
-  /// A synchronous free: set aside until a device-wide wait, which one free in a full batch makes.
+  /// A synchronous free: set aside until a device-wide wait, which one free in a full batch makes. A sleeping
+  /// tag's block goes straight back: no work can use memory that is not there, and the policy no longer
+  /// counts it in use, so the layer must not subtract it again.
   void set_aside_free(void* p, const shape& sh) noexcept
   {
     auto& m_ = m();
+    if (tag_sleeps(m_.policy, block_tag(m_.policy, p))) return m_.policy.deallocate(p, sh.request, sh.align);
     try {
       const cuda::stream_ref legacy{cudaStreamLegacy};
       l().state_of(m_.backend.id_of(legacy), legacy);  // so that the device-wide wait covers this device
