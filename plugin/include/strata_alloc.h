@@ -109,6 +109,16 @@ STRATA_ALLOC_API int strata_resume(const unsigned* tags, size_t n);
 STRATA_ALLOC_API int strata_reserve_backup(int device, size_t bytes);
 /* Unpins the backup memory no paused tag holds, on every device; returns the bytes unpinned. */
 STRATA_ALLOC_API size_t strata_release_backup(void);
+/* One tag's figures on one device. */
+typedef struct strata_tag_figures {
+  size_t physical;      /* bytes of device memory mapped for the tag (0 while paused) */
+  size_t in_use;        /* bytes of its live blocks in the pool (0 while paused) */
+  size_t paused_bytes;  /* bytes of its blocks asleep, waiting for resume (0 while running) */
+  int paused;           /* 1 while paused */
+} strata_tag_figures;
+/* 0: `out` filled; 1: the device has no stack yet or its stack has no tags (all zeros); -1: bad device, tag of
+ * 1024 or more, or null out (message set). */
+STRATA_ALLOC_API int strata_tag_figures_get(int device, unsigned tag, strata_tag_figures* out);
 
 /* ---- CuPy: CFunctionAllocator(0, strata_cupy_malloc, strata_cupy_free, owner) -------------------------- */
 STRATA_ALLOC_API void* strata_cupy_malloc(void* param, size_t size, int device);  /* null on failure, as CuPy expects */

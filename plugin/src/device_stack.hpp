@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <strata_alloc.h>
+
 #include <strata/adaptor/recorder.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/snapshot.hpp>
@@ -76,6 +78,8 @@ public:
   /// Whether this device holds memory or live blocks under `tag`, or has it paused; false without tags.
   virtual bool holds_tag(tag_id tag) const noexcept = 0;
   virtual bool tag_paused(tag_id tag) const noexcept = 0;
+  /// The tag's figures (strata_tag_figures' fields); false, all zero, where the stack has no tags.
+  virtual bool tag_figures(tag_id tag, strata_tag_figures& out) const noexcept = 0;
 };
 
 /// A stream_ordered Stack (optionally under recorder, which writes the trace to a file this holder owns).
@@ -211,6 +215,17 @@ public:
   {
     if constexpr (sleeps) return inner().policy().paused(tag);
     else return false;
+  }
+  bool tag_figures(tag_id tag, strata_tag_figures& out) const noexcept override
+  {
+    out = strata_tag_figures{};
+    if constexpr (sleeps) {
+      const auto& p = inner().policy();
+      out = {p.physical_bytes(tag), p.in_use(tag), p.paused_bytes(tag), p.paused(tag) ? 1 : 0};
+      return true;
+    } else {
+      return false;
+    }
   }
 
   Stack& inner() noexcept

@@ -828,6 +828,21 @@ int strata_resume(const unsigned* tags, size_t n)
   });
 }
 
+int strata_tag_figures_get(int device, unsigned tag, strata_tag_figures* out)
+{
+  if (out == nullptr || device < 0 || device >= max_devices || tag >= strata::max_tags) {
+    set_error("tag_figures", out == nullptr ? std::string("null output")
+                             : tag >= strata::max_tags ? "tag " + std::to_string(tag) + " is not below " + std::to_string(strata::max_tags)
+                                                       : "device " + std::to_string(device) + " is out of range");
+    return -1;
+  }
+  *out = strata_tag_figures{};
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return 1;
+  std::lock_guard lock(*s->mutex);
+  return s->stack->tag_figures(tag, *out) ? 0 : 1;
+}
+
 int strata_reserve_backup(int device, size_t bytes)
 {
   try {

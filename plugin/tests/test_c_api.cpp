@@ -743,8 +743,21 @@ TEST_CASE("C API: sleep and wake by tag on the simulated stack (tag_begin/end, p
           const long long reserved = stat(0, "reserved_bytes.all.current");
           EXPECT(strata_reserve_backup(0, 40 * MiB) == 0);
           const unsigned trainer[] = {3};
+          strata_tag_figures running{};
+          EXPECT(strata_tag_figures_get(0, 3, &running) == 0);
+          EXPECT(running.in_use == 40 * MiB && running.physical >= 40 * MiB && running.paused == 0 && running.paused_bytes == 0);
           EXPECT(strata_pause(trainer, 1, 1) == 0);
           EXPECT(stat(0, "reserved_bytes.all.current") <= reserved - static_cast<long long>(40 * MiB));
+          strata_tag_figures asleep{};
+          EXPECT(strata_tag_figures_get(0, 3, &asleep) == 0);
+          EXPECT(asleep.physical == 0 && asleep.in_use == 0 && asleep.paused == 1 && asleep.paused_bytes == 40 * MiB);
+          strata_tag_figures cache_tag{};
+          EXPECT(strata_tag_figures_get(0, 4, &cache_tag) == 0);
+          EXPECT(cache_tag.in_use == 100 * MiB && cache_tag.paused == 0);
+          EXPECT(strata_tag_figures_get(0, 1024, &cache_tag) == -1);
+          EXPECT(mentions("tag 1024"));
+          EXPECT(strata_tag_figures_get(1, 3, &cache_tag) == 1);  // device 1 has no stack yet
+          EXPECT(cache_tag.physical == 0 && cache_tag.paused == 0);
           EXPECT(strata_pause(trainer, 1, 1) == -1);  // already paused
           EXPECT(mentions("already paused"));
           strata_tag_begin(3);

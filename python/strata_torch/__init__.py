@@ -26,13 +26,13 @@ import warnings
 from . import _library, _stats
 from ._library import ConfigError, library_path
 from ._stats import format_bytes
-from .sleep import current_tag, pause, release_backup, reserve_backup, resume, tag, tag_id
+from .sleep import current_tag, pause, release_backup, reserve_backup, resume, tag, tag_id, tag_stats
 
 __all__ = ["enable", "is_enabled", "backend", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
            "snapshot", "empty_cache", "record", "flush_record", "library_path", "validate", "hooks",
            "oom_raises_torch_error",
            "ConfigError", "format_bytes", "peak_ratio",
-           "tag", "tag_id", "current_tag", "pause", "resume", "reserve_backup", "release_backup"]
+           "tag", "tag_id", "current_tag", "pause", "resume", "reserve_backup", "release_backup", "tag_stats"]
 
 DEFAULT_CONF = "stack=default"
 BACKENDS = ("strata", "pluggable")

@@ -87,6 +87,12 @@ def hooks_library_path(alloc_path, env=None):
     return found[0] if found else None
 
 
+class _TagFigures(ctypes.Structure):
+    """strata_alloc.h's strata_tag_figures."""
+    _fields_ = [("physical", ctypes.c_size_t), ("in_use", ctypes.c_size_t), ("paused_bytes", ctypes.c_size_t),
+                ("paused", ctypes.c_int)]
+
+
 # (name, restype, argtypes, required). Optional symbols are the hooks PyTorch may be given; a library
 # without one still loads, and the hook is simply not wired.
 _VOIDP, _SIZE, _INT, _DOUBLE, _CHARP = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_double, ctypes.c_char_p
@@ -119,6 +125,7 @@ _PROTOTYPES = [
     ("strata_resume", _INT, [ctypes.POINTER(ctypes.c_uint), _SIZE], False),
     ("strata_reserve_backup", _INT, [_INT, _SIZE], False),
     ("strata_release_backup", _SIZE, [], False),
+    ("strata_tag_figures_get", _INT, [_INT, ctypes.c_uint, _VOIDP], False),
     ("strata_cupy_malloc", _VOIDP, [_VOIDP, _SIZE, _INT], False),
     ("strata_cupy_free", None, [_VOIDP, _VOIDP, _INT], False),
     ("strata_cupy_set_stream", None, [_VOIDP], False),
@@ -245,6 +252,13 @@ class Library:
 
     def release_backup(self):
         return int(self._sleep_function("strata_release_backup")())
+
+    def tag_figures(self, device, tag):
+        """{physical, in_use, paused_bytes, paused} of one tag on one device (zeros where it has no stack)."""
+        out = _TagFigures()
+        if self._sleep_function("strata_tag_figures_get")(device, tag, ctypes.byref(out)) < 0:
+            raise ValueError(f"strata: {self.last_error()}")
+        return {"physical": out.physical, "in_use": out.in_use, "paused_bytes": out.paused_bytes, "paused": bool(out.paused)}
 
     def cupy_set_stream(self, stream_ptr):
         self._functions["strata_cupy_set_stream"](stream_ptr)

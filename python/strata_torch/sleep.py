@@ -79,3 +79,9 @@ def reserve_backup(size, device=0):
 def release_backup():
     """Unpins the backup memory no paused tag holds; returns the bytes unpinned."""
     return _library.load().release_backup()
+
+
+def tag_stats(name, device=0):
+    """One tag's figures on one device: `physical` (device memory mapped for it), `in_use` (its live bytes),
+    `paused_bytes` (its blocks asleep) and `paused`. Zeros for a tag the device never served."""
+    return _library.load().tag_figures(device, tag_id(name))

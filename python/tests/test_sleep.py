@@ -28,7 +28,7 @@ class TagNames(unittest.TestCase):
                 sleep.tag_id(bad)
 
     def test_exported(self):
-        for name in ("tag", "pause", "resume", "reserve_backup", "release_backup", "current_tag"):
+        for name in ("tag", "pause", "resume", "reserve_backup", "release_backup", "current_tag", "tag_stats"):
             self.assertIn(name, strata_torch.__all__)
 
 
@@ -69,6 +69,27 @@ class SleepOnThePlugin(unittest.TestCase):
         self.assertIn("already paused", twice)
         self.assertGreaterEqual(after, 40 * (1 << 20))
         self.assertEqual(unpinned, 40 * (1 << 20))
+
+    def test_tag_stats_follow_pause_and_resume(self):
+        out = self.run_scenario(
+            "with strata_torch.tag('stats-tag'):\n    p = lib.malloc(40 * MiB)\n"
+            "running = strata_torch.tag_stats('stats-tag')\n"
+            "strata_torch.pause('stats-tag')\n"
+            "asleep = strata_torch.tag_stats('stats-tag')\n"
+            "strata_torch.resume('stats-tag')\n"
+            "awake = strata_torch.tag_stats('stats-tag')\n"
+            "lib.free(p, 40 * MiB)\n"
+            "try:\n    strata_torch.tag_stats(5, device=-1); bad = None\n"
+            "except ValueError as e:\n    bad = str(e)\n"
+            "print(json.dumps([running, asleep, awake, strata_torch.tag_stats('never-used'), bad]))")
+        running, asleep, awake, never, bad = out
+        mib40 = 40 * (1 << 20)
+        self.assertEqual((running["in_use"], running["paused"], running["paused_bytes"]), (mib40, False, 0))
+        self.assertGreaterEqual(running["physical"], mib40)
+        self.assertEqual((asleep["physical"], asleep["in_use"], asleep["paused"], asleep["paused_bytes"]), (0, 0, True, mib40))
+        self.assertEqual((awake["in_use"], awake["paused"]), (mib40, False))
+        self.assertEqual((never["physical"], never["in_use"], never["paused"]), (0, 0, False))
+        self.assertIn("out of range", bad)
 
     def test_resume_without_room_is_a_memory_error_and_can_be_retried(self):
         out = self.run_scenario(
