@@ -141,6 +141,7 @@ def examples():
     example("scoped_mempool", "examples/torch/scoped_mempool.py")
     example("adaptive_batch", "examples/torch/adaptive_batch.py")
     example("cupy", "examples/cupy/cupy_example.py", needs="cupy")
+    example("rl_sleep_wake", "examples/torch/rl_sleep_wake.py", ("--check",), timeout=300, needs="transformers")
 
 
 def sanitizer():
