@@ -66,6 +66,13 @@ std::pair<double, double> copy_bandwidth(void* device, void* host, std::size_t b
   return {h2d, d2h};
 }
 
+std::size_t device_used()
+{
+  std::size_t free_bytes = 0, total = 0;
+  check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  return total - free_bytes;
+}
+
 __global__ void touch_kernel(unsigned* p, std::size_t n)
 {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) p[i] = static_cast<unsigned>(i);
@@ -125,7 +132,13 @@ int main(int argc, char** argv)
   const double first_pause = timed([&] { pool.pause({1}); });
   const double first_resume = timed([&] { pool.resume({1}); });
   std::vector<double> pause_s, resume_s, pause_nb, resume_nb;
-  for (int c = 0; c < cycles; ++c) {
+  // What a pause gives back, as the device sees it, against the physical memory the tag held.
+  const std::size_t held = pool.physical_bytes(1);
+  const std::size_t used_awake = device_used();
+  pause_s.push_back(timed([&] { pool.pause({1}); }));
+  const std::size_t given_back = used_awake - std::min(used_awake, device_used());
+  resume_s.push_back(timed([&] { pool.resume({1}); }));
+  for (int c = 1; c < cycles; ++c) {
     pause_s.push_back(timed([&] { pool.pause({1}); }));
     resume_s.push_back(timed([&] { pool.resume({1}); }));
   }
@@ -145,6 +158,9 @@ int main(int argc, char** argv)
   std::printf("steady pause with backup: %.3f s (%.1f GB/s); resume: %.3f s (%.1f GB/s); link alone: %.3f s / %.3f s\n", pause_med,
               gb / pause_med, resume_med, gb / resume_med, gb / d2h, gb / h2d);
   std::printf("without backup: pause %.3f s, resume %.3f s\n", strata::bench::median(pause_nb), strata::bench::median(resume_nb));
+  std::printf("a pause gave back %.3f GiB of device memory (cudaMemGetInfo) of the %.3f GiB the tag held: %.2f%%\n",
+              static_cast<double>(given_back) / gib, static_cast<double>(held) / gib, 100.0 * static_cast<double>(given_back) / static_cast<double>(held));
+  if (hostalloc) std::printf("first pause, pinning included, against one cudaHostAlloc of the size: %.2fx faster\n", t_hostalloc / first_pause);
   std::printf("driver calls: creates %llu, maps %llu, unmaps %llu, releases %llu, device waits %llu\n",
               static_cast<unsigned long long>(pool.page_calls().creates), static_cast<unsigned long long>(pool.page_calls().maps),
               static_cast<unsigned long long>(pool.page_calls().unmaps), static_cast<unsigned long long>(pool.page_calls().releases),
@@ -155,7 +171,8 @@ int main(int argc, char** argv)
         << ", \"d2h_gbps\": " << d2h << ", \"pin_cudahostalloc_s\": " << t_hostalloc << ", \"pin_host_parallel_s\": " << t_pin_parallel
         << ", \"pin_host_one_thread_s\": " << t_pin_one << ", \"first_pause_s\": " << first_pause << ", \"first_resume_s\": " << first_resume
         << ", \"pause_s\": " << pause_med << ", \"resume_s\": " << resume_med << ", \"pause_no_backup_s\": " << strata::bench::median(pause_nb)
-        << ", \"resume_no_backup_s\": " << strata::bench::median(resume_nb) << "}\n";
+        << ", \"resume_no_backup_s\": " << strata::bench::median(resume_nb) << ", \"held_bytes\": " << held
+        << ", \"given_back_bytes\": " << given_back << "}\n";
   }
   return 0;
 }
