@@ -75,15 +75,17 @@ struct default_pool_factory {
 using default_pools = per_device<default_pool, default_pool_factory>;
 
 /// Puts tags of a stream-ordered mapped_pool (default_pool, planning_pool) to sleep (docs/sleep_wake.md). First
-/// every block the stream layer holds for reuse goes back to the pool (stream_ordered::release: a host wait
-/// for the frees still pending on every stream, and idle memory of every tag given back), so the tags' cached
-/// blocks are free, not backed up; then mapped_pool::pause. Errors as mapped_pool::pause; usage_error under a
-/// CUDA graph capture the layer has seen.
+/// every block the stream layer holds for reuse goes back to the pool (stream_ordered::release(false): a host
+/// wait for the frees still pending on other streams, an event each, or the devices for frees no event
+/// covers), so the tags' cached blocks are free, not backed up; then mapped_pool::pause, whose one
+/// device-wide wait covers the rest (a live block may be in use on any stream, seen by the layer or not).
+/// Other tags' idle memory stays. Errors as mapped_pool::pause; usage_error under a CUDA graph capture the
+/// layer has seen.
 template <page_backend Pages, class Events>
   requires copying_page_backend<Pages>
 void pause(stream_ordered<mapped_pool<Pages>, Events>& pool, std::span<const tag_id> tags, bool backup = true)
 {
-  pool.release();
+  pool.release(/*policy_too=*/false);
   pool.policy().pause(tags, backup);
 }
 template <page_backend Pages, class Events>

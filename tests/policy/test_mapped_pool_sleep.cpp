@@ -250,6 +250,67 @@ TEST_CASE("mapped_pool tags: max_physical caps all tags together; other tags' id
   pool.deallocate(a, 40 * mib);
 }
 
+TEST_CASE("mapped_pool pause: one device-wide wait per call however many tags; unmapping waits no more; release() waits once for all tags")
+{
+  pool_t pool;
+  std::vector<std::pair<void*, tag_id>> live;
+  for (const tag_id t : {tag_id{0}, tag_id{1}, tag_id{2}, tag_id{3}}) {
+    live.emplace_back(pool.allocate_tagged(t, 5 * mib), t);
+    pool.deallocate(pool.allocate_tagged(t, 9 * mib), 9 * mib);  // idle memory in every tag
+    stamp(pool, live.back().first, 5 * mib, t);
+  }
+  const auto waits = [&] { return pool.page_calls().synchronizes; };
+  std::uint64_t before = waits();
+  const std::uint64_t unmaps = pool.page_calls().unmaps;
+  pool.pause({1, 2, 3});
+  CHECK(waits() == before + 1);  // not one per tag, and none before the unmaps
+  CHECK(pool.page_calls().unmaps > unmaps);
+  for (const tag_id t : {tag_id{1}, tag_id{2}, tag_id{3}}) CHECK(pool.physical_bytes(t) == 0);
+  check_device(pool);
+  before = waits();
+  pool.resume({1, 2, 3});
+  CHECK(waits() == before);  // only the copies are waited for
+  for (const auto& [p, t] : live) CHECK(stamped(pool, p, 5 * mib, t));
+  before = waits();
+  pool.pause({2}, /*backup=*/false);
+  CHECK(waits() == before + 1);
+  pool.resume({2});
+
+  for (const tag_id t : {tag_id{0}, tag_id{1}, tag_id{3}}) pool.deallocate(pool.allocate_tagged(t, 9 * mib), 9 * mib);
+  REQUIRE(pool.idle_bytes() > 0);
+  before = waits();
+  CHECK(pool.release() > 0);
+  CHECK(waits() == before + 1);  // one wait, then every tag's idle memory
+  CHECK(pool.idle_bytes() == 0);
+  check_device(pool);
+  before = waits();
+  CHECK(pool.release() == 0);
+  CHECK(waits() == before);  // nothing idle: no wait
+  for (const auto& [p, t] : live) pool.deallocate(p, 5 * mib);
+}
+
+TEST_CASE("mapped_pool pause: a failed device wait pauses none of the tags named")
+{
+  pool_t pool;
+  void* a = pool.allocate_tagged(1, 3 * mib);
+  void* b = pool.allocate_tagged(2, 3 * mib);
+  stamp(pool, a, 3 * mib, 1);
+  stamp(pool, b, 3 * mib, 2);
+  const auto calls = pool.page_calls();
+  pool.backend().fail_after(op::synchronize, 0);
+  CHECK_THROWS_AS(pool.pause({1, 2}), std::runtime_error);
+  CHECK_FALSE(pool.paused(1));
+  CHECK_FALSE(pool.paused(2));
+  CHECK(pool.page_calls().unmaps == calls.unmaps);
+  CHECK(pool.backup_bytes() == 0);
+  CHECK(stamped(pool, a, 3 * mib, 1));
+  pool.pause({1, 2});
+  pool.resume({1, 2});
+  CHECK(stamped(pool, b, 3 * mib, 2));
+  pool.deallocate(a, 3 * mib);
+  pool.deallocate(b, 3 * mib);
+}
+
 TEST_CASE("mapped_pool sleep: bad use is refused before anything changes")
 {
   pool_t pool;

@@ -367,3 +367,54 @@ TEST_CASE("default_pool: a sleeping tag's block freed without a stream goes stra
   CHECK(pool.usage().in_use == 0);
   CHECK(pool.policy().usage().in_use == 0);
 }
+
+TEST_CASE("default_pool pause: the stream layer waits for its streams' events, the pool for the device once; other tags keep their idle memory")
+{
+  simulated_streams world;
+  planning_pool::options opts;
+  opts.frees_per_event = 1;  // every free cached on a side stream records an event behind it
+  planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * mib, std::size_t{1} << 30}}, opts, simulated_events{world}};
+  const cuda::stream_ref main{cudaStreamLegacy};
+  const cuda::stream_ref side = world.create();
+  churn(pool, main);  // main owns the pool
+  std::vector<void*> weights;
+  {
+    tag_scope trainer(1);
+    for (int i = 0; i < 3; ++i) {
+      weights.push_back(pool.allocate_async(3 * mib, 256, main));
+      stamp(pool, weights.back(), 3 * mib, static_cast<std::uint32_t>(i));
+    }
+    void* scratch = pool.allocate_async(5 * mib, 256, side);
+    world.launch(side);
+    pool.deallocate_async(scratch, 5 * mib, 256, side);  // cached on side behind an event not yet complete
+  }
+  {
+    tag_scope engine(2);
+    pool.deallocate_async(pool.allocate_async(7 * mib, 256, main), 7 * mib, 256, main);  // idle memory of tag 2
+  }
+  REQUIRE(pool.cached_blocks() == 1);
+  REQUIRE(pool.policy().idle_bytes() > 0);
+  const std::size_t held2 = pool.policy().physical_bytes(2);
+  REQUIRE(held2 > 0);
+  const auto stats = pool.stats();
+  const auto calls = world.calls();
+  const auto device_waits = pool.policy().page_calls().synchronizes;
+
+  pause(pool, {1});
+  CHECK(pool.cached_blocks() == 0);
+  CHECK(pool.stats().event_syncs == stats.event_syncs + 1);  // side's event, not the device
+  CHECK(pool.stats().device_syncs == stats.device_syncs);
+  CHECK(pool.stats().stream_syncs == stats.stream_syncs);
+  CHECK(world.calls().device_waits == calls.device_waits);
+  CHECK(pool.policy().page_calls().synchronizes == device_waits + 1);  // the pause's one device-wide wait
+  CHECK(pool.policy().physical_bytes(1) == 0);
+  CHECK(pool.policy().physical_bytes(2) == held2);  // nobody asked for tag 2's idle memory
+  CHECK(pool.policy().paused_bytes(1) == 9 * mib);
+  resume(pool, {1});
+  CHECK(pool.policy().page_calls().synchronizes == device_waits + 1);
+  for (std::size_t i = 0; i < weights.size(); ++i) CHECK(stamped(pool, weights[i], 3 * mib, static_cast<std::uint32_t>(i)));
+  for (void* p : weights) pool.deallocate_async(p, 3 * mib, 256, main);
+  world.finish_all();
+  pool.release();
+  CHECK(pool.policy().usage().in_use == 0);
+}

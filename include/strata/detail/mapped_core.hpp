@@ -213,6 +213,9 @@ public:
   /// True when p is the start of a block this pool handed out and has not taken back.
   bool owns(const void* p) const noexcept { return used_.contains(p); }
 
+  /// Whether release() would give anything back (and so wait for the device).
+  bool holds_idle() const noexcept { return table_.idle_bytes() > 0 || table_.has_stale(); }
+
   /// Waits for the device once, then unmaps and releases every idle mapping and every range relocations
   /// left; returns the bytes given back.
   std::size_t release()

@@ -102,10 +102,10 @@ void drain_copies(Pages& pages) noexcept
   }
 }
 
-/// Lists a tag's live blocks, waits for the device (the work queued on them finishes first) and, with a
-/// backup, copies each to pinned memory taken from `store`. Nothing in the pool changes: on failure the
-/// backup's room goes back to the store and the tag runs on. Costs: one device-wide wait, a pin only when no
-/// pinned memory kept from earlier pauses fits, and copies at link speed with one host wait at the end.
+/// Lists a tag's live blocks and, with a backup, copies each to pinned memory taken from `store`. The caller
+/// has waited for the device since the last work was queued on them. Nothing in the pool changes: on failure
+/// the backup's room goes back to the store and the tag runs on. Costs: a pin only when no pinned memory kept
+/// from earlier pauses fits, and copies at link speed with one host wait at the end.
 template <class Core, class Pages>
 std::unique_ptr<sleeping_tag> copy_out(Core& core, Pages& pages, backup_store& store, bool backup)
 {
@@ -115,7 +115,6 @@ std::unique_ptr<sleeping_tag> copy_out(Core& core, Pages& pages, backup_store& s
   t->backed = backup;
   std::size_t total = 0;
   for (const auto& b : t->blocks) total += b.second;
-  pages.synchronize();
   if (!backup) return t;
   t->backup = store.take(pages, total);
   try {

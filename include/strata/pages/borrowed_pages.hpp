@@ -10,8 +10,10 @@
 namespace strata::detail {
 
 /// Models page_backend (and copying_page_backend where the lender does) by forwarding to `*lender`, which
-/// must outlive it; the owner re-points it after moving the lender (`lend`). Costs: the lender's, plus one
-/// indirection. Copies point at the same lender.
+/// must outlive it; the owner re-points it after moving the lender (`lend`). While `waits_covered` is on,
+/// synchronize() waits for nothing: the owner has just waited for the device and knows nothing was queued
+/// since on the memory this borrower maps (one wait for several tags, or for a pause's copies and unmaps).
+/// Costs: the lender's, plus one indirection. Copies point at the same lender.
 template <page_backend Backend>
 class borrowed_pages {
 public:
@@ -30,7 +32,11 @@ public:
   void map(std::uintptr_t address, page p, std::size_t bytes) { lender_->map(address, p, bytes); }
   void set_access(std::uintptr_t address, std::size_t bytes) { lender_->set_access(address, bytes); }
   void unmap(std::uintptr_t address, std::size_t bytes) { lender_->unmap(address, bytes); }
-  void synchronize() { lender_->synchronize(); }
+  void synchronize()
+  {
+    if (!waits_covered_) lender_->synchronize();
+  }
+  void cover_waits(bool covered) noexcept { waits_covered_ = covered; }
   const page_counters& counts() const noexcept { return lender_->counts(); }
 
   void* pin(std::size_t bytes) requires copying_page_backend<Backend> { return lender_->pin(bytes); }
@@ -48,6 +54,7 @@ public:
 
 private:
   Backend* lender_;
+  bool waits_covered_ = false;
 };
 
 } // namespace strata::detail

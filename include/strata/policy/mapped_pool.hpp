@@ -54,7 +54,8 @@ namespace strata {
 /// O(mappings it covers + log mappings); a new mapping three driver calls (two where it takes, at its size,
 /// an allocation the reclaim before it unmapped, instead of releasing that one and creating another), a
 /// relocation two; the host waits for the device only in a reclaim (once for a batch of mappings), in
-/// release(), when stale ranges pass `stale_address_limit`, in pause and resume, and when the pool goes. A
+/// release() (once for all tags), when stale ranges pass `stale_address_limit`, in pause (once per call, plus
+/// the copies), in resume (the copies), and when the pool goes. A
 /// free of a tagged block costs a lookup per tag in use. Unsynchronized. Move-only; ranges are reserved on
 /// first use.
 template <page_backend Backend>
@@ -147,14 +148,12 @@ public:
     return false;
   }
 
-  /// Waits for the device once per tag in use, then unmaps and releases every idle mapping and every range
-  /// relocations left; returns the bytes given back.
+  /// Waits for the device once (when some tag holds idle memory), then unmaps and releases every tag's idle
+  /// mappings and the ranges relocations left; returns the bytes given back.
   std::size_t release()
   {
-    std::size_t n = core_.release();
-    for (auto& e : tags_)
-      if (e.pool != nullptr) n += e.pool->release();
-    return n;
+    if (tags_.empty()) [[likely]] return core_.release();
+    return release_idle([](const core&) { return true; });
   }
 
   strata::usage usage() const noexcept
@@ -239,9 +238,11 @@ public:
   /// Bytes of a paused tag's blocks (what its backup holds, or held before a pause without one).
   std::size_t paused_bytes(tag_id tag) const noexcept { return paused(tag) ? tags_[tag].sleep->bytes() : 0; }
 
-  /// Puts each tag to sleep, in order: waits for the device (one device-wide wait per tag: the work queued
-  /// on its blocks finishes first), copies its live blocks to pinned host memory (`backup`; without it their
-  /// contents are dropped), then unmaps and releases all its physical memory; addresses stay reserved. While a
+  /// Puts each tag to sleep: waits for the device once (the work queued on the tags' blocks, on any stream,
+  /// finishes first: which streams use a live block is not known here), then, tag by tag, copies its live
+  /// blocks to pinned host memory (`backup`; without it their contents are dropped) and waits for the copies,
+  /// then unmaps and releases all its physical memory with no further wait (nothing but the copies touched it
+  /// since the wait); addresses stay reserved. While a
   /// tag sleeps, allocating into it is a usage_error and freeing one of its blocks drops it from the backup.
   /// strata::usage_error, before anything changes, for a tag never used or already paused; std::invalid_argument
   /// for a tag of max_tags or more. A failure while copying leaves that tag running (its backup room kept for
@@ -250,6 +251,8 @@ public:
   {
     for (tag_id t : tags) (void)running_core(t, "pause");
     refuse_repeats(tags, "pause");
+    if (tags.empty()) return;
+    backend_.synchronize();
     for (tag_id t : tags) pause_one(t, backup);
   }
   void pause(std::initializer_list<tag_id> tags, bool backup = true) requires copying_page_backend<Backend>
@@ -366,11 +369,37 @@ private:
   /// Gives back every other tag's idle memory; whether there was any.
   bool release_idle_except(const core& keep)
   {
-    bool any = false;
-    if (&core_ != &keep && core_.idle_bytes() + core_.stale_bytes() > 0) any = core_.release() > 0 || any;
+    return release_idle([&keep](const core& c) { return &c != &keep; }) > 0;
+  }
+
+  /// A tag's pool whose device waits the caller's last wait covers, until this goes.
+  struct covered_waits {
+    explicit covered_waits(core& c) noexcept : pool(c) { pool.backend().cover_waits(true); }
+    ~covered_waits() { pool.backend().cover_waits(false); }
+    covered_waits(const covered_waits&) = delete;
+    covered_waits& operator=(const covered_waits&) = delete;
+    core& pool;
+  };
+
+  /// Gives back the idle memory of the tags' pools `which` accepts, after one device wait for all of them
+  /// (none when none holds any); returns the bytes given back.
+  template <class Which>
+  std::size_t release_idle(Which which)
+  {
+    bool any = which(core_) && core_.holds_idle();
+    for (const auto& e : tags_) any = any || (e.pool != nullptr && which(*e.pool) && e.pool->holds_idle());
+    if (!any) return 0;
+    backend_.synchronize();
+    std::size_t n = 0;
+    const auto give_back = [&](core& c) {
+      if (!which(c) || !c.holds_idle()) return;
+      covered_waits covered(c);
+      n += c.release();
+    };
+    give_back(core_);
     for (auto& e : tags_)
-      if (e.pool != nullptr && e.pool.get() != &keep && e.pool->idle_bytes() + e.pool->stale_bytes() > 0) any = e.pool->release() > 0 || any;
-    return any;
+      if (e.pool != nullptr) give_back(*e.pool);
+    return n;
   }
 
   void pause_one(tag_id tag, bool backup)
@@ -380,6 +409,7 @@ private:
     auto sleeping = detail::copy_out(c, backend_, backup_, backup);
     tags_[tag].sleep = std::move(sleeping);
     for (const auto& b : tags_[tag].sleep->blocks) (void)c.take_back(reinterpret_cast<void*>(b.first));
+    covered_waits covered(c);  // pause's wait, and the copies' since: nothing else was queued on this memory
     (void)c.release();
   }
 

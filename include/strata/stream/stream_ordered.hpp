@@ -202,14 +202,14 @@ public:
     this->set_aside_free(p, sh);
   }
 
-  /// Waits (on the host) for every pending free, returns every cached block to the policy, then releases
-  /// the policy's free chunks when it can.
-  void release()
+  /// Waits (on the host) for every pending free and returns every cached block to the policy; with `policy_too`
+  /// also for the owner's frees, then releases the policy's free chunks when it can (strata::pause: without).
+  void release(bool policy_too = true)
   {
     collect_released_pools();
     this->refuse_host_wait_under_capture();  // the policy's release frees chunks (cudaFree waits, illegal in capture)
-    this->wait_for_pending_frees(/*policy_too=*/true);
-    if constexpr (releasable_resource<Policy>) m_.policy.release();
+    this->wait_for_pending_frees(policy_too);
+    if constexpr (releasable_resource<Policy>) if (policy_too) m_.policy.release();
   }
 
   /// From now on, allocations on streams for which `filter(cudaStream_t)` is true (checked newest route
