@@ -1,9 +1,12 @@
 // detail::stream_cache: each stream's free blocks, binned by shape and ordered by age, with the totals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <utility>
 
+#include <strata/core/alignment.hpp>
 #include <strata/detail/stream_cache.hpp>
 #include <strata/stream/simulated_streams.hpp>
 
@@ -15,6 +18,23 @@ using cache_t = detail::stream_cache<simulated_events::event>;
 
 detail::block_shape shape(std::size_t bytes) { return {bytes, bytes, 256, (std::uint64_t{bytes} << 6) | 8}; }
 void* at(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+/// A sized policy whose good size is `good(bytes)`, counting how often it is asked.
+template <std::size_t (*Good)(std::size_t)>
+struct sized_stub {
+  void* allocate(std::size_t, std::size_t) { return nullptr; }
+  void deallocate(void*, std::size_t, std::size_t) noexcept {}
+  std::size_t good_size(std::size_t bytes, std::size_t) const noexcept { return ++asked, Good(bytes); }
+  friend bool operator==(const sized_stub&, const sized_stub&) noexcept { return true; }
+  mutable int asked = 0;
+};
+std::size_t power_of_two(std::size_t bytes) { return std::bit_ceil(std::max<std::size_t>(bytes, 256)); }
+std::size_t with_slack(std::size_t bytes) { return align_up(bytes, 256) + 256; }
+struct unsized_stub {
+  void* allocate(std::size_t, std::size_t) { return nullptr; }
+  void deallocate(void*, std::size_t, std::size_t) noexcept {}
+  friend bool operator==(const unsized_stub&, const unsized_stub&) noexcept { return true; }
+};
 
 } // namespace
 
@@ -109,4 +129,36 @@ TEST_CASE("stream_cache: a block serves only its own tag; removing one leaves th
   (void)cache.release(left);
   CHECK(cache.blocks() == 0);
   CHECK(s->oldest == nullptr);
+}
+
+TEST_CASE("stream_cache: a shape asks the policy's good size once when it is the request rounded to 256 bytes")
+{
+  sized_stub<power_of_two> classes;
+  const detail::block_shape exact = detail::shape_for(classes, 4000, 256, 3);
+  CHECK(classes.asked == 1);  // 4096 both ways: nothing to ask again
+  CHECK(exact.request == 4096);
+  CHECK(exact.footprint == 4096);
+  CHECK(exact.key == ((std::uint64_t{4096} << 6) | 8));
+  CHECK(exact.tag == 3);
+
+  classes.asked = 0;
+  const detail::block_shape rounded = detail::shape_for(classes, 5000, 512);
+  CHECK(classes.asked == 2);  // 8192 is its own good size: every request of the class shares one key
+  CHECK(rounded.request == 8192);
+  CHECK(rounded.footprint == 8192);
+  CHECK(rounded.align == 512);
+  CHECK(rounded.key == ((std::uint64_t{8192} << 6) | 9));
+  CHECK(detail::shape_for(classes, 6000, 512).key == rounded.key);
+
+  sized_stub<with_slack> slack;
+  const detail::block_shape padded = detail::shape_for(slack, 5000, 1);
+  CHECK(slack.asked == 2);  // the good size is not its own good size: keyed by the rounded request
+  CHECK(padded.request == 5120);
+  CHECK(padded.footprint == 5376);
+  CHECK(padded.align == 256);
+  CHECK(padded.key == ((std::uint64_t{5120} << 6) | 8));
+
+  const detail::block_shape plain = detail::shape_for(unsized_stub{}, 1000, 256);
+  CHECK(plain.request == 1024);
+  CHECK(plain.footprint == 1024);
 }

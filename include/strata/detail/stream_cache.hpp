@@ -2,6 +2,7 @@
 // stream_ordered's per-stream cache: the blocks each stream freed and may reuse at once, binned by shape and
 // tag, with the events recorded after them.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -10,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <strata/core/alignment.hpp>
+#include <strata/core/concepts.hpp>
 #include <strata/core/config.hpp>
 #include <strata/sleep/tag_scope.hpp>
 
@@ -26,6 +29,24 @@ struct block_shape {
   std::uint64_t key;  ///< request and log2(alignment)
   tag_id tag = 0;     ///< the allocation's tag (detail/block_tags.hpp): a block lies in its own tag's mappings
 };
+
+/// How stream_ordered files a request to `policy`. Requests of one good size share a key when the policy's good
+/// size is its own good size (asking for it consumes exactly it): then any of them may reuse the block, and the
+/// policy always sees that one request. Otherwise (e.g. alignment slack added on top) the key is the request
+/// rounded to 256 bytes. A good size equal to that rounding is the request either way, so the policy is asked
+/// a second time only when they differ.
+template <class Policy>
+block_shape shape_for(const Policy& policy, std::size_t bytes, std::size_t alignment, tag_id tag = 0) noexcept
+{
+  const std::size_t align = effective_alignment(alignment);
+  std::size_t request = align_up(bytes, default_alignment);
+  std::size_t footprint = request;
+  if constexpr (sized_resource<Policy>) {
+    footprint = policy.good_size(bytes, align);
+    if (footprint != request && policy.good_size(footprint, align) == footprint) request = footprint;
+  }
+  return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align)), tag};
+}
 
 /// A bin: blocks of one key and one tag. A block of another tag never serves, or pausing its tag would
 /// unmap the memory of the allocation it served.

@@ -328,20 +328,8 @@ private:
   using node = detail::cached_block;
   using stream_state = detail::stream_free_lists<event>;
 
-  /// Requests of one good size share a key when the policy's good size is its own good size (asking for it
-  /// consumes exactly it): then any of them may reuse the block, and the policy always sees that one request.
-  /// Otherwise (e.g. alignment slack added on top) the key is the request rounded to 256 bytes.
-  shape shape_of(std::size_t bytes, std::size_t alignment, tag_id tag = 0) const noexcept
-  {
-    const std::size_t align = effective_alignment(alignment);
-    std::size_t request = align_up(bytes, default_alignment);
-    std::size_t footprint = request;
-    if constexpr (sized_resource<Policy>) {
-      footprint = m_.policy.good_size(bytes, align);
-      if (m_.policy.good_size(footprint, align) == footprint) request = footprint;
-    }
-    return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align)), tag};
-  }
+  /// How a request is filed and what the policy is asked for (detail::shape_for).
+  shape shape_of(std::size_t bytes, std::size_t alignment, tag_id tag = 0) const noexcept { return detail::shape_for(m_.policy, bytes, alignment, tag); }
 
   /// An allocate on `stream`, whose id is `known_id` when the caller knows it.
   void* allocate_ordered(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id)
