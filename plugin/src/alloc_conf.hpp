@@ -70,6 +70,10 @@ struct alloc_conf {
   /// high-water mark, the mark rises by this share, so a training loop stops waiting for the device at its
   /// peak every step.
   double reclaim_headroom_fraction = 0.0;
+  /// stack=coalescing: coalescing_pool's return_free_chunks. true (the library's default): before growing, the
+  /// pool hands wholly free chunks back (cudaFree, which waits for the whole device); false: it keeps them
+  /// until empty_cache or out of memory, as PyTorch's allocator keeps its segments.
+  bool return_free_chunks = true;
   // stack=simulated only: the pretend devices.
   std::size_t sim_capacity = std::size_t{80} << 30;  ///< memory of each simulated device
   std::size_t sim_page = std::size_t{2} << 20;       ///< its page size
@@ -233,6 +237,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     c.reclaim_slack_fraction = parse_share(key, value, "of the live bytes from 0 to 1 (e.g. 0.02)");
   } else if (key == "reclaim_headroom_fraction") {
     c.reclaim_headroom_fraction = parse_share(key, value, "of the high-water mark from 0 to 1 (e.g. 0.0625)");
+  } else if (key == "return_free_chunks") {
+    c.return_free_chunks = parse_bool(key, value);
   } else if (key == "sim_capacity" || key == "sim_page") {
     const auto bytes = parse_size(value);
     if (!bytes) refuse(key, value, "expected a size with a unit (e.g. 16GiB, 2MiB)");
@@ -247,7 +253,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
     throw conf_error("STRATA_ALLOC_CONF: unknown key '" + std::string(key) + "' (in " + std::string(key) + "=" +
                      std::string(value) +
                      "); the keys are stack, limit, record, peers, release_on_oom, owner_cover_window, check_capture, "
-                     "reclaim, reclaim_slack_fraction, reclaim_headroom_fraction, sim_capacity, sim_page, sim_devices");
+                     "reclaim, reclaim_slack_fraction, reclaim_headroom_fraction, return_free_chunks, sim_capacity, sim_page, "
+                     "sim_devices");
   }
 }
 
@@ -256,7 +263,8 @@ inline void apply(alloc_conf& c, std::string_view key, std::string_view value)
 /// Parses "key=value,key=value" (spaces around keys and values are ignored; an empty string means every
 /// default). Throws conf_error naming the entry, key or value at fault: an unknown key, a bad value, a key
 /// given twice, an entry without '=' or with an empty key or value, an empty entry between commas, a
-/// simulation key without stack=simulated, peers without stack=default.
+/// simulation key without stack=simulated, peers without stack=default, return_free_chunks without
+/// stack=coalescing.
 inline alloc_conf parse_alloc_conf(std::string_view text)
 {
   using namespace detail_conf;
@@ -286,6 +294,9 @@ inline alloc_conf parse_alloc_conf(std::string_view text)
                          name_of(c.stack) + ")");
   if (c.stack != stack_kind::default_pool && seen.contains(std::string_view("peers")))
     throw conf_error(std::string("STRATA_ALLOC_CONF: key 'peers' applies only to stack=default (the stack is ") +
+                     name_of(c.stack) + ")");
+  if (c.stack != stack_kind::coalescing && seen.contains(std::string_view("return_free_chunks")))
+    throw conf_error(std::string("STRATA_ALLOC_CONF: key 'return_free_chunks' applies only to stack=coalescing (the stack is ") +
                      name_of(c.stack) + ")");
   if (c.stack == stack_kind::simulated && c.sim_capacity < c.sim_page)
     throw conf_error("STRATA_ALLOC_CONF: sim_capacity=" + std::to_string(c.sim_capacity) + " is less than one page (sim_page=" +

@@ -220,7 +220,9 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
   } else {
     strata::detail::scoped_device on(device);
     using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
-    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}}, stream_options<coalescing_stack>(c)}, c, device);
+    coalescing_pool<device_source>::options chunks{};
+    chunks.return_free_chunks = c.return_free_chunks;
+    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}, chunks}, stream_options<coalescing_stack>(c)}, c, device);
   }
   strata::detail::scoped_device on(device);
   s.context = strata::detail::current_context();

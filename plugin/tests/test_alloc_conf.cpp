@@ -113,6 +113,18 @@ TEST_CASE("alloc_conf: release_on_oom")
   }
 }
 
+TEST_CASE("alloc_conf: return_free_chunks, only with stack=coalescing")
+{
+  CHECK(parse_alloc_conf("").return_free_chunks);  // the library's default
+  CHECK(parse_alloc_conf("stack=coalescing,return_free_chunks=true").return_free_chunks);
+  CHECK(!parse_alloc_conf("stack=coalescing,return_free_chunks=false").return_free_chunks);
+  CHECK(!parse_alloc_conf("return_free_chunks=0,stack=coalescing").return_free_chunks);
+  const std::string wrong_stack = refusal("return_free_chunks=false");
+  CHECK(contains(wrong_stack, "applies only to stack=coalescing"));
+  CHECK(contains(wrong_stack, "default"));
+  CHECK(contains(refusal("stack=coalescing,return_free_chunks=maybe"), "true or false"));
+}
+
 TEST_CASE("alloc_conf: the simulated stack's keys, and only with it")
 {
   const alloc_conf c = parse_alloc_conf("stack=simulated,sim_capacity=16GiB,sim_page=64KiB,sim_devices=4");
