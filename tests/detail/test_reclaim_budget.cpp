@@ -27,6 +27,21 @@ TEST_CASE("reclaim_budget: the limit is the high-water mark, or the live bytes w
   CHECK(budget.high_water() == 12 * mib);
 }
 
+TEST_CASE("reclaim_budget: a cap lowered by what others hold bounds the limit and the mark until it is restored")
+{
+  reclaim_budget budget({.max_physical = 100 * mib, .reclaim_headroom_fraction = 1.0});
+  CHECK(budget.cap() == 100 * mib);
+  budget.held(50 * mib);
+  budget.set_cap(30 * mib);  // other pools on the device hold 70 MiB
+  CHECK(budget.cap() == 30 * mib);
+  CHECK(budget.limit(10 * mib) == 30 * mib);
+  budget.reclaimed_under_mark();
+  CHECK(budget.high_water() == 30 * mib);
+  budget.set_cap(100 * mib);
+  CHECK(budget.limit(10 * mib) == 30 * mib);  // the mark, no longer clipped
+  CHECK(budget.limit(90 * mib) == 90 * mib);
+}
+
 TEST_CASE("reclaim_budget: a reclaim under the mark raises it by the headroom, up to the cap")
 {
   reclaim_budget budget({.max_physical = 110 * mib, .reclaim_headroom_fraction = 0.25});

@@ -172,6 +172,28 @@ TEST_CASE("sleep_wake: kernels queued on several streams before the pause finish
   for (auto s : streams) REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 
+TEST_CASE("sleep_wake: one pause of two tags waits for the device once; kernels queued on their blocks finish first")
+{
+  device_pool pool;
+  cudaStream_t streams[2] = {make_stream(), make_stream()};
+  void* a = pool.allocate_tagged(10, 96 * mib);
+  void* b = pool.allocate_tagged(11, 96 * mib);
+  for (int i = 0; i < 2; ++i) testing::sleep_kernel<<<1, 1, 0, streams[i]>>>(100'000'000ull);  // still running at the pause
+  testing::fill(a, 96 * mib, 81, streams[0]);
+  testing::fill(b, 96 * mib, 82, streams[1]);
+  const auto waits = pool.page_calls().synchronizes;
+  pool.pause({10, 11});
+  CHECK(pool.page_calls().synchronizes == waits + 1);
+  CHECK(pool.physical_bytes(10) + pool.physical_bytes(11) == 0);
+  pool.resume({10, 11});
+  CHECK(pool.page_calls().synchronizes == waits + 1);
+  CHECK(testing::mismatches(a, 96 * mib, 81) == 0);
+  CHECK(testing::mismatches(b, 96 * mib, 82) == 0);
+  pool.deallocate(a, 96 * mib);
+  pool.deallocate(b, 96 * mib);
+  for (auto s : streams) REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
 TEST_CASE("sleep_wake: 100 cycles hold device memory and the pinned backup flat")
 {
   device_pool pool;

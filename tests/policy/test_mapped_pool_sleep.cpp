@@ -311,6 +311,81 @@ TEST_CASE("mapped_pool pause: a failed device wait pauses none of the tags named
   pool.deallocate(b, 3 * mib);
 }
 
+TEST_CASE("mapped_pool tags: max_physical counts the pages every tag maps, room mapped ahead included")
+{
+  pool_t pool(simulated_pages(page), {.max_physical = 2048 * mib});
+  void* a = pool.allocate_tagged(1, 1024 * mib);  // enough held that a new mapping at its edge takes a page ahead
+  void* b = pool.allocate_tagged(2, 1022 * mib);
+  REQUIRE(pool.physical_bytes() == 2046 * mib);
+  void* c = pool.allocate_tagged(1, 2 * mib);  // fits exactly: the page ahead does not
+  CHECK(pool.physical_bytes() == 2048 * mib);
+  CHECK(pool.backend().bytes_alive() == 2048 * mib);
+  CHECK_THROWS_AS(pool.allocate_tagged(1, 2 * mib), out_of_memory);
+  CHECK_THROWS_AS(pool.allocate_tagged(2, 2 * mib), out_of_memory);
+  CHECK(pool.physical_bytes() == 2048 * mib);
+  pool.deallocate(c, 2 * mib);
+  pool.deallocate(b, 1022 * mib);
+  pool.deallocate(a, 1024 * mib);
+}
+
+TEST_CASE("mapped_pool tags: at the cap a tag gives its own idle memory back to make room, not only the other tags'")
+{
+  pool_t pool(simulated_pages(page), {.max_physical = 64 * mib});
+  std::vector<void*> small;
+  for (int i = 0; i < 20; ++i) small.push_back(pool.allocate_tagged(1, mib));  // the small requests' range
+  for (void* p : small) pool.deallocate(p, mib);
+  REQUIRE(pool.idle_bytes() == pool.physical_bytes(1));
+  REQUIRE(pool.physical_bytes(1) >= 20 * mib);
+  void* other = pool.allocate_tagged(2, 40 * mib);
+  void* big = pool.allocate_tagged(1, 20 * mib);  // the large range: tag 1's idle pages cannot hold it
+  CHECK(pool.physical_bytes() <= 64 * mib);
+  CHECK(pool.physical_bytes(2) == 40 * mib);  // the other tag's live memory stays
+  pool.deallocate(big, 20 * mib);
+  pool.deallocate(other, 40 * mib);
+}
+
+TEST_CASE("mapped_pool resume: the room needed counts only the blocks still asleep, not those freed while the tag slept")
+{
+  pool_t pool(simulated_pages(page), {.max_physical = 64 * mib});
+  void* a = pool.allocate_tagged(1, 30 * mib);
+  void* b = pool.allocate_tagged(1, 30 * mib);
+  stamp(pool, a, 30 * mib, 1);
+  pool.pause({1});
+  void* other = pool.allocate_tagged(2, 30 * mib);
+  pool.deallocate(b, 30 * mib);  // freed asleep: resume brings back 30 MiB, not 60
+  CHECK_NOTHROW(pool.resume({1}));
+  CHECK_FALSE(pool.paused(1));
+  CHECK(stamped(pool, a, 30 * mib, 1));
+  CHECK_FALSE(pool.owns(b));
+  CHECK(pool.physical_bytes() <= 64 * mib);
+  pool.deallocate(a, 30 * mib);
+  pool.deallocate(other, 30 * mib);
+}
+
+TEST_CASE("mapped_pool sleep: a paused tag's bytes are not in use; freeing one of its blocks asleep subtracts nothing")
+{
+  pool_t pool;
+  void* a = pool.allocate_tagged(1, 3 * mib);
+  void* b = pool.allocate_tagged(1, 5 * mib);
+  void* c = pool.allocate(mib);
+  const std::size_t all = pool.good_size(3 * mib) + pool.good_size(5 * mib) + pool.good_size(mib);
+  REQUIRE(pool.usage().in_use == all);
+  pool.pause({1});
+  CHECK(pool.usage().in_use == pool.good_size(mib));  // on the device, only tag 0's block
+  CHECK(pool.usage().used_blocks == 1);
+  CHECK(pool.usage().in_use <= pool.usage().reserved);
+  CHECK(pool.paused_bytes(1) == 8 * mib);
+  pool.deallocate(a, 3 * mib);
+  CHECK(pool.usage().in_use == pool.good_size(mib));
+  CHECK(pool.paused_bytes(1) == 5 * mib);
+  pool.resume({1});
+  CHECK(pool.usage().in_use == all - pool.good_size(3 * mib));
+  CHECK(pool.usage().used_blocks == 2);
+  pool.deallocate(b, 5 * mib);
+  pool.deallocate(c, mib);
+  CHECK(pool.usage().in_use == 0);
+}
+
 TEST_CASE("mapped_pool sleep: bad use is refused before anything changes")
 {
   pool_t pool;

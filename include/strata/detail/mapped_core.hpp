@@ -215,6 +215,9 @@ public:
 
   /// Whether release() would give anything back (and so wait for the device).
   bool holds_idle() const noexcept { return table_.idle_bytes() > 0 || table_.has_stale(); }
+  /// max_physical counts `elsewhere` bytes held by other pools on the backend (mapped_pool's other tags): until
+  /// the next call, this pool maps only what they leave under it, room mapped ahead included. O(1).
+  void share_cap(std::size_t elsewhere) noexcept { budget_.set_cap(opts_.max_physical - std::min(opts_.max_physical, elsewhere)); }
 
   /// Waits for the device once, then unmaps and releases every idle mapping and every range relocations
   /// left; returns the bytes given back.
@@ -428,7 +431,7 @@ private:
       // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
       const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(table_.physical()));
       std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
-      if (table_.physical() + (census.unmapped + ahead) * page_size() > opts_.max_physical) ahead = 0;  // never refuse for pages not asked for
+      if (table_.physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
       map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
     }
     table_.hold(r, span.first, span.last);
@@ -453,7 +456,7 @@ private:
         idle_elsewhere -= moved.bytes;
         // A relocated allocation longer than what it covers holds its spare pages where they may not help:
         // where that leaves the request over the cap, reclaiming alone may still fit it.
-        if (table_.physical() + needed > opts_.max_physical && table_.physical() + needed - opts_.max_physical > idle_elsewhere &&
+        if (table_.physical() + needed > budget_.cap() && table_.physical() + needed - budget_.cap() > idle_elsewhere &&
             table_.stale_count() > stale_before) {
           relocation().undo(stale_before);
           if (table_.stale_count() == stale_before)
@@ -464,7 +467,7 @@ private:
         // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
         // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
         // reclaim. Only a reclaim that the cap needs makes the allocation fail.
-        const bool for_cap = table_.physical() + needed > opts_.max_physical;
+        const bool for_cap = table_.physical() + needed > budget_.cap();
         try {
           table_.reclaim(&r, first, last, table_.physical() + needed - budget, stale_before, /*keep_spares=*/true);
         } catch (...) {
@@ -472,8 +475,9 @@ private:
         }
         if (!for_cap) budget_.reclaimed_under_mark();
       }
-      if (table_.physical() + needed > opts_.max_physical)
-        throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached");
+      if (table_.physical() + needed > budget_.cap())
+        throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached" +
+                             (budget_.cap() < opts_.max_physical ? " by all tags together" : ""));
       if (needed > 0) table_.map_unmapped(r, first, last, needed, max_run(), [this] { budget_.held(table_.physical()); });
     } catch (...) {
       table_.drop_spares();

@@ -53,6 +53,12 @@ public:
   reclaim_budget& operator=(const reclaim_budget&) = delete;
   ~reclaim_budget() = default;
 
+  /// The cap now: max_physical, or less where other pools share it (set_cap).
+  std::size_t cap() const noexcept { return settings_.max_physical; }
+  /// Lowers (or restores) the cap: mapped_pool's tags share one max_physical, so each tag's pool may hold
+  /// only what the others leave. The mark never rises above it.
+  void set_cap(std::size_t bytes) noexcept { settings_.max_physical = bytes; }
+
   /// The most the pool may hold once `live_after` bytes are live: the cap, and below it the high-water mark
   /// unless the live bytes with their slack are above it.
   std::size_t limit(std::size_t live_after) const noexcept

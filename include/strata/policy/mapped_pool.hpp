@@ -24,7 +24,7 @@
 #include <strata/detail/backup_store.hpp>
 #include <strata/detail/mapped_core.hpp>
 #include <strata/detail/tag_sleep.hpp>
-#include <strata/pages/borrowed_pages.hpp>
+#include <strata/detail/borrowed_pages.hpp>
 #include <strata/pages/page_backend.hpp>
 #include <strata/sleep/tag_scope.hpp>
 
@@ -44,8 +44,8 @@ namespace strata {
 /// (detail/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
 /// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
 /// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/backup_store.hpp). A tag's
-/// idle memory serves only that tag; when the device or `max_physical` (all tags together) runs out, other
-/// tags' idle memory is given back first.
+/// idle memory serves only that tag. `max_physical` counts every tag's mapped pages: at the cap a tag gives
+/// its own idle memory back first, and when that or the device runs out, the other tags' idle memory.
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
@@ -105,14 +105,13 @@ public:
   {
     if (tag == 0 && tags_.empty()) [[likely]] return core_.allocate(bytes, alignment);
     core& c = tag_core(tag, "allocate into");
-    if (over_cap(good_size(bytes, alignment)) && !c.has_room_for(bytes, alignment) && (!release_idle_except(c) || over_cap(good_size(bytes))))
-      throw out_of_memory("mapped_pool", bytes, "the physical cap of " + std::to_string(settings().max_physical) + " bytes is reached by " +
-                                                    std::to_string(physical_bytes()) + " bytes of all tags together");
     void* p = nullptr;
     try {
-      p = c.allocate(bytes, alignment);
+      share_cap(c);
+      p = c.allocate(bytes, alignment);  // at the cap it gives its own idle memory back first
     } catch (const out_of_memory&) {
       if (!release_idle_except(c)) throw;
+      share_cap(c);
       p = c.allocate(bytes, alignment);  // other tags' idle memory went back to the device: once more
     }
     peak_ = std::max(peak_, physical_bytes());
@@ -360,7 +359,13 @@ private:
         if (tags[i] == tags[j]) throw usage_error(std::string("mapped_pool: ") + what + " names tag " + std::to_string(tags[i]) + " twice");
   }
 
-  /// Whether `bytes` more would lift all tags together over max_physical (each tag's pool checks only its own).
+  /// Tells a tag's pool what the other tags hold, so that its cap counts every tag's mapped pages.
+  void share_cap(core& c) noexcept
+  {
+    if (settings().max_physical != SIZE_MAX) c.share_cap(physical_bytes() - c.physical_bytes());
+  }
+
+  /// Whether `bytes` more would lift all tags together over max_physical.
   bool over_cap(std::size_t bytes) const noexcept
   {
     return settings().max_physical != SIZE_MAX && physical_bytes() + bytes > settings().max_physical;
@@ -416,10 +421,15 @@ private:
   void resume_one(tag_id tag)
   {
     core& c = tag == 0 ? core_ : *tags_[tag].pool;
-    const std::size_t need = detail::pages_touched(tags_[tag].sleep->blocks, page_size()) * page_size();
+    std::vector<std::size_t> offsets;
+    const std::size_t need = detail::pages_touched(tags_[tag].sleep->waking(offsets), page_size()) * page_size();  // freed asleep: not coming back
     if (over_cap(need) && (!release_idle_except(c) || over_cap(need)))
       detail::throw_no_room(tag, need, settings().max_physical - std::min(settings().max_physical, physical_bytes()), "the pool's cap");
-    detail::copy_in(c, backend_, backup_, *tags_[tag].sleep, tag, [&] { (void)release_idle_except(c); });
+    share_cap(c);
+    detail::copy_in(c, backend_, backup_, *tags_[tag].sleep, tag, [&] {
+      (void)release_idle_except(c);
+      share_cap(c);
+    });
     backup_.give(tags_[tag].sleep->backup);
     tags_[tag].sleep.reset();
     peak_ = std::max(peak_, physical_bytes());
