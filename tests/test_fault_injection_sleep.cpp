@@ -1,6 +1,7 @@
 // Fault injection for pause and resume: the N-th host allocation inside them fails, for every N a clean cycle
 // makes. After each failure the pool agrees with the device, the tag is running or paused (never half), a
-// paused tag wakes once memory is there again, and every byte of its backup comes back.
+// paused tag wakes once memory is there again, and every byte of its backup comes back; through default_pool,
+// a CUDA graph's private pool keeps its blocks and their contents.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -8,8 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include <strata/default_pool.hpp>
 #include <strata/pages/simulated_pages.hpp>
 #include <strata/policy/mapped_pool.hpp>
+#include <strata/stream/simulated_streams.hpp>
 #include "support/fault_injection.hpp"
 
 using namespace strata;
@@ -83,6 +86,71 @@ TEST_CASE("fault injection: pause and resume when a host allocation fails at eve
     ++failures;
   }
   MESSAGE("host allocations failed at " << failures << " points of a pause and resume; a clean cycle at allocation " << clean_at);
+  CHECK(failures > 10);
+  CHECK(clean_at == failures + 1);
+}
+
+TEST_CASE("fault injection: default_pool pause and resume of two tags, one holding a graph's private pool, when a host allocation fails at every point")
+{
+  std::size_t failures = 0, clean_at = 0;
+  for (std::size_t n = 1; n < 10'000; ++n) {
+    simulated_streams world;
+    planning_pool pool{mapped_pool<simulated_pages>{simulated_pages{2 * mib, std::size_t{1} << 30}}, {}, simulated_events{world}};
+    const cuda::stream_ref s = world.create();
+    pool.deallocate_async(pool.allocate_async(mib, 256, s), mib, 256, s);
+    std::vector<std::pair<void*, std::size_t>> blocks;
+    void* graph = nullptr;
+    {
+      tag_scope engine(1);
+      (void)world.begin_capture(s);
+      blocks.emplace_back(pool.allocate_async(3 * mib, 256, s), 3 * mib);  // the graph's output: live
+      void* temp = pool.allocate_async(5 * mib, 256, s);
+      pool.deallocate_async(temp, 5 * mib, 256, s);  // free in the graph's pool
+      blocks.emplace_back(temp, 5 * mib);
+      graph = world.end_capture(s);
+      pool.deallocate_async(pool.allocate_async(256, 256, s), 256, 256, s);  // the layer sees the capture over
+    }
+    blocks.emplace_back(pool.policy().allocate_tagged(2, 7 * mib), 7 * mib);
+    for (std::uint32_t i = 0; i < blocks.size(); ++i) stamp(pool.policy(), blocks[i].first, i);
+    const std::size_t pool_blocks = pool.private_pool_blocks(), free_blocks = pool.private_pool_free_blocks();
+    world.finish_all();
+    bool failed = false;
+    {
+      hf::counted_section counting;
+      hf::arm(n);
+      try {
+        pause(pool, {1, 2});
+        resume(pool, {1, 2});
+      } catch (const std::bad_alloc&) {
+        failed = true;
+      }
+      hf::disarm();
+    }
+    REQUIRE(pool.policy().physical_bytes() == pool.policy().backend().bytes_alive());
+    REQUIRE(pool.policy().backup_bytes() == pool.policy().backend().pinned_bytes());
+    REQUIRE(pool.private_pool_blocks() == pool_blocks);
+    REQUIRE(pool.private_pool_free_blocks() == free_blocks);
+    for (const tag_id t : {tag_id{1}, tag_id{2}})
+      if (pool.policy().paused(t)) resume(pool, {t});
+    for (std::uint32_t i = 0; i < blocks.size(); ++i) {
+      REQUIRE(pool.owns(blocks[i].first));
+      REQUIRE(pool.policy().backend().is_usable(reinterpret_cast<std::uintptr_t>(blocks[i].first), blocks[i].second));
+      REQUIRE(stamped(pool.policy(), blocks[i].first, i));
+    }
+    world.destroy_graph(graph);
+    pool.deallocate_async(blocks[0].first, blocks[0].second, 256, s);
+    pool.policy().deallocate(blocks[2].first, blocks[2].second);
+    world.finish_all();
+    pool.release();
+    REQUIRE(pool.private_pools() == 0);
+    REQUIRE(pool.policy().usage().in_use == 0);
+    if (!failed) {
+      clean_at = n;
+      break;
+    }
+    ++failures;
+  }
+  MESSAGE("host allocations failed at " << failures << " points of a default_pool pause and resume; a clean cycle at allocation " << clean_at);
   CHECK(failures > 10);
   CHECK(clean_at == failures + 1);
 }
