@@ -162,3 +162,25 @@ TEST_CASE("stream_cache: a shape asks the policy's good size once when it is the
   CHECK(plain.request == 1024);
   CHECK(plain.footprint == 1024);
 }
+
+TEST_CASE("stream_cache: the shape memo asks the policy again only for another size or alignment, and never keeps a tag")
+{
+  sized_stub<power_of_two> classes;
+  detail::shape_memo memo;
+  const detail::block_shape first = memo.of(classes, 5000, 256, 2);
+  CHECK(classes.asked == 2);
+  CHECK(first.request == 8192);
+  CHECK(first.tag == 2);
+  const detail::block_shape again = memo.of(classes, 5000, 256);
+  CHECK(classes.asked == 2);  // the pair's free: nothing asked
+  CHECK(again.key == first.key);
+  CHECK(again.tag == 0);
+  CHECK(memo.of(classes, 5000, 512).align == 512);
+  CHECK(classes.asked == 4);
+  CHECK(memo.of(classes, 4096, 512).request == 4096);
+  CHECK(classes.asked == 5);
+  detail::shape_memo fresh;
+  const detail::block_shape zero = fresh.of(classes, 0, 0);  // a fresh memo knows no shape, not even the one of (0, 0)
+  CHECK(zero.align == 256);
+  CHECK(classes.asked == 7);  // asked, twice: the stub's good size of 0 is not 0 rounded
+}

@@ -48,6 +48,35 @@ block_shape shape_for(const Policy& policy, std::size_t bytes, std::size_t align
   return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align)), tag};
 }
 
+/// The shape of the last request filed, so that the next request of the same size and alignment (a pair's
+/// free, a loop's next allocation) is filed without asking the policy again: shape_for answers from its
+/// arguments alone (a policy's good size is a function of the request). Held with the policy it was asked of.
+struct shape_memo {
+  template <class Policy>
+  [[gnu::always_inline]] block_shape of(const Policy& policy, std::size_t bytes, std::size_t alignment, tag_id tag = 0) noexcept
+  {
+    if (bytes != bytes_ || alignment != alignment_ || !known_) [[unlikely]] learn(policy, bytes, alignment);
+    block_shape sh = last_;
+    sh.tag = tag;
+    return sh;
+  }
+
+private:
+  template <class Policy>
+  [[gnu::noinline]] void learn(const Policy& policy, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    last_ = shape_for(policy, bytes, alignment);
+    bytes_ = bytes;
+    alignment_ = alignment;
+    known_ = true;
+  }
+
+  std::size_t bytes_ = 0;
+  std::size_t alignment_ = 0;
+  bool known_ = false;
+  block_shape last_{};
+};
+
 /// A bin: blocks of one key and one tag. A block of another tag never serves, or pausing its tag would
 /// unmap the memory of the allocation it served.
 struct bin_key {

@@ -328,8 +328,8 @@ private:
   using node = detail::cached_block;
   using stream_state = detail::stream_free_lists<event>;
 
-  /// How a request is filed and what the policy is asked for (detail::shape_for).
-  shape shape_of(std::size_t bytes, std::size_t alignment, tag_id tag = 0) const noexcept { return detail::shape_for(m_.policy, bytes, alignment, tag); }
+  /// How a request is filed and what the policy is asked for (detail::shape_for, through detail::shape_memo).
+  shape shape_of(std::size_t bytes, std::size_t alignment, tag_id tag = 0) noexcept { return m_.shapes.of(m_.policy, bytes, alignment, tag); }
 
   /// An allocate on `stream`, whose id is `known_id` when the caller knows it.
   void* allocate_ordered(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id)
@@ -466,6 +466,7 @@ private:
     [[no_unique_address]] Backend backend{};
     options opts{};
     std::optional<int> policy_device{};  ///< where the policy's memory lives, when it says (device-wide waits)
+    detail::emptied_on_move<detail::shape_memo> shapes{};  ///< the last request's shape (a pair's free reuses it)
     detail::stream_cache<event> cache{};
     detail::event_ledger<event> ledger{};
     detail::emptied_on_move<detail::owner_books<event>> own{};
