@@ -95,6 +95,9 @@ inline void driver_check(CUresult status, const char* call, std::source_location
 
 /// Two non-blocking streams on one device that pause and resume copy over, pieces alternating between them
 /// so one piece's setup overlaps the other's transfer. Made on first use; destroyed with the last owner.
+/// Models nothing (driver_pages' helper). Cost: made with two stream creations and destroyed with two stream
+/// destructions; copy() one cudaMemcpyAsync per piece of at most 64 MiB, no host wait; finish() a host wait
+/// on each stream. Unsynchronized: the owning pool serializes its calls.
 struct copy_lanes {
   explicit copy_lanes(int device) : device(device)
   {
