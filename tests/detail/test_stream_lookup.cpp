@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <strata/core/errors.hpp>
+#include <strata/detail/block_tags.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/simulated_source.hpp>
 #include <strata/stream/simulated_streams.hpp>
@@ -33,6 +35,47 @@ struct rig {
 
   simulated_streams world;
   stream_ordered<pool_t, simulated_events> layer;
+};
+
+/// A tagging policy (tags as mapped_pool has them, all 0 here) that counts what the layer asks it.
+struct asked_policy {
+  explicit asked_policy(pool_t pool) : pool_(std::move(pool)) {}
+  void* allocate(std::size_t bytes, std::size_t alignment) { return ++allocates, pool_.allocate(bytes, alignment); }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept { ++frees, pool_.deallocate(p, bytes, alignment); }
+  std::size_t good_size(std::size_t bytes, std::size_t alignment) const { return ++good_sizes, pool_.good_size(bytes, alignment); }
+  tag_id tag_of(const void*) const noexcept { return ++tag_questions, tag_id{0}; }
+  bool paused(tag_id) const noexcept { return ++tag_questions, false; }
+  friend bool operator==(const asked_policy& a, const asked_policy& b) noexcept { return &a == &b; }
+
+  pool_t pool_;
+  std::uint64_t allocates = 0, frees = 0;
+  mutable std::uint64_t good_sizes = 0, tag_questions = 0;
+};
+static_assert(detail::tagging_policy<asked_policy> && sized_resource<asked_policy>);
+
+struct asked_rig {
+  explicit asked_rig(stream_ordered<asked_policy, simulated_events>::options opts)
+      : layer(asked_policy{pool_t{simulated_source(std::size_t{256} << 20), {.initial_chunk = 1 << 20, .max_chunk = 4 << 20}}}, opts,
+              simulated_events(world))
+  {}
+  /// What the policy and the backend were asked since the last mark.
+  struct counts {
+    std::uint64_t allocates, frees, good_sizes, tag_questions, ids, captures, records, queries;
+    counts operator-(const counts& o) const
+    {
+      return {allocates - o.allocates, frees - o.frees, good_sizes - o.good_sizes, tag_questions - o.tag_questions, ids - o.ids,
+              captures - o.captures, records - o.records, queries - o.queries};
+    }
+  };
+  counts mark() const
+  {
+    const asked_policy& p = layer.policy();
+    return {p.allocates, p.frees, p.good_sizes, p.tag_questions, world.id_queries(), world.capture_queries(), world.calls().records,
+            world.calls().queries};
+  }
+
+  simulated_streams world;
+  stream_ordered<asked_policy, simulated_events> layer;
 };
 
 /// `pairs` allocate/free pairs of a few sizes on `s` (an identified_stream or a plain handle).
@@ -286,4 +329,82 @@ TEST_CASE("stream_lookup: a destroyed owner's handle reused by a new identified 
   CHECK(r.world.calls().records == 0);
   r.layer.deallocate_async(y, 4096, 256, fresh);
   CHECK(r.world.dead_stream_queries() == 0);
+}
+
+TEST_CASE("stream_lookup: the owner alone, with captures announced, pays a pair as the policy's allocate and free alone")
+{
+  asked_rig r({.check_capture = false});
+  const identified_stream s = r.world.identify(r.world.create());
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s), 4096, 256, s);  // s owns the policy
+  auto before = r.mark();
+  for (int i = 0; i < 1000; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s), 4096, 256, s);
+  auto asked = r.mark() - before;
+  CHECK(asked.allocates == 1000);
+  CHECK(asked.frees == 1000);
+  CHECK(asked.good_sizes == 0);      // the shape of the size just asked is remembered (detail::shape_memo)
+  CHECK(asked.tag_questions == 0);   // a sleeping tag is the policy's to refuse: not asked
+  CHECK(asked.ids + asked.captures + asked.records + asked.queries == 0);
+  CHECK(r.layer.stats().misses == 1001);
+  CHECK(r.layer.cached_blocks() == 0);
+
+  // A plain handle: its id once per allocation, nothing else.
+  before = r.mark();
+  for (int i = 0; i < 100; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s.stream()), 4096, 256, s.stream());
+  asked = r.mark() - before;
+  CHECK(asked.ids == 100);
+  CHECK(asked.captures + asked.records + asked.queries + asked.tag_questions == 0);
+
+  // Looking for captures nobody announced: every call asks again.
+  asked_rig checked({});
+  const identified_stream c = checked.world.identify(checked.world.create());
+  checked.layer.deallocate_async(checked.layer.allocate_async(4096, 256, c), 4096, 256, c);
+  before = checked.mark();
+  for (int i = 0; i < 100; ++i) checked.layer.deallocate_async(checked.layer.allocate_async(4096, 256, c), 4096, 256, c);
+  CHECK((checked.mark() - before).captures == 200);
+}
+
+TEST_CASE("stream_lookup: the owner alone leaves its short path when a capture is announced or another stream shares the layer")
+{
+  asked_rig r({.check_capture = false});
+  const identified_stream s = r.world.identify(r.world.create());
+  pairs_on(r.layer, s, 13);
+
+  // Announced: the owner's allocation under capture comes from the private pool, and no event is recorded.
+  r.layer.begin_allocate_to_pool(7);
+  r.world.begin_capture(s.stream());
+  auto before = r.mark();
+  void* a = r.layer.allocate_async(1 << 16, 256, s);
+  CHECK(r.layer.pool_blocks(7) == 1);
+  CHECK((r.mark() - before).captures >= 1);
+  r.layer.deallocate_async(a, 1 << 16, 256, s);  // kept for the graph
+  CHECK(r.layer.pool_blocks(7) == 1);
+  void* graph = r.world.end_capture(s.stream());
+  r.layer.end_allocate_to_pool(7);
+  CHECK(r.world.captured_records() == 0);
+
+  // A private pool lives: calls still look at it (a block freed later may be the pool's).
+  before = r.mark();
+  pairs_on(r.layer, s, 10);
+  CHECK((r.mark() - before).tag_questions > 0);
+  r.world.destroy_graph(graph);
+  r.layer.release_pool(7);
+  r.layer.release();
+  REQUIRE(r.layer.private_pools() == 0);
+  before = r.mark();
+  pairs_on(r.layer, s, 10);
+  CHECK((r.mark() - before).tag_questions == 0);  // quiet again
+
+  // Another stream shares the layer: from now on every owner free carries an event, so t can wait for it.
+  const identified_stream t = r.world.identify(r.world.create());
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+  void* x = r.layer.allocate_async(1 << 20, 256, s);
+  r.world.launch(s.stream());
+  before = r.mark();
+  r.layer.deallocate_async(x, 1 << 20, 256, s);
+  CHECK((r.mark() - before).records == 1);
+  void* y = r.layer.allocate_async(1 << 20, 256, t);
+  CHECK(r.layer.stats().orderings >= 1);  // t waits for s's free on the GPU before taking from the policy
+  r.layer.deallocate_async(y, 1 << 20, 256, t);
+  r.world.finish_all();
+  r.layer.release();
 }

@@ -2,6 +2,7 @@
 // How a call on stream_ordered learns its stream's id and whether the stream is being captured, from the
 // cheapest evidence that is enough: what the caller already knows (an identified_stream), and what the layer
 // was told (a capture announced) or has seen.
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -21,6 +22,9 @@ namespace strata::detail {
 ///   identified_stream needs no call at all.
 /// - A plain handle costs the id lookup besides. One id is cached, safely: a free on the handle the owner
 ///   was last seen with, while no other stream has used the layer (owner_alone_on).
+/// - The owner alone with the policy, with nothing to ask about captures or pools (quiet), needs nothing else
+///   either: its allocate and free go straight to the policy (allocate_alone, free_alone), as one stream's
+///   calls would without the layer.
 /// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
 /// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
 /// stream's blocks. Models nothing; holds nothing. Cost: while no capture may be under way, an identified
@@ -29,6 +33,43 @@ namespace strata::detail {
 template <class Layer, class Backend>
 class stream_lookup {
 protected:
+  /// An allocation by the owner alone, served as the policy alone would serve it; null when the call needs
+  /// more. Alone: no other stream has used the layer, nothing is cached, pending or set aside, so there is
+  /// nothing to reuse, reap or order after; and quiet (quiet()): no capture to ask about, no private pool to
+  /// collect or serve from. A plain handle's id is asked here, the only time this call asks it (`looked_up`,
+  /// and `known_id` then points to it). A sleeping tag needs no check: the policy refuses it.
+  void* allocate_alone(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t*& known_id,
+                       std::uint64_t& looked_up)
+  {
+    auto& m_ = m();
+    if (!quiet() || bytes == 0 || bytes > Layer::largest_cached) return nullptr;
+    if (known_id == nullptr) known_id = &(looked_up = m_.backend.id_of(stream));  // no capture to break: quiet
+    auto* const o = m_.own.owner;
+    if (o == nullptr || o->id != *known_id || m_.own.shared || m_.cache.blocks() != 0 || m_.ledger.pending() != 0 ||
+        !m_.deferred.blocks.empty())
+      return nullptr;
+    o->handle = stream;
+    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
+    ++m_.stats.misses;
+    return m_.policy.allocate(sh.request, sh.align);
+  }
+
+  /// A free by the owner alone (as allocate_alone, and on a plain handle only the handle the owner was last
+  /// seen with: owner_alone_on), straight back to the policy; false when the call needs more.
+  bool free_alone(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
+  {
+    auto& m_ = m();
+    auto* const o = m_.own.owner;
+    if (!quiet() || o == nullptr || m_.own.shared || (known_id != nullptr ? o->id != *known_id : !owner_alone_on(stream)))
+      return false;
+    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
+    o->handle = stream;
+    ++o->recent_frees;
+    m_.policy.deallocate(p, sh.request, sh.align);
+    ++m_.own.policy_seq;
+    return true;
+  }
+
   /// The id an allocation on `stream` is filed under (`known_id` when the caller knows it), or none when a
   /// private pool served it (the block in `out`). Throws usage_error under a capture nothing can serve, and
   /// the id lookup's error for an unknown stream.
@@ -82,6 +123,11 @@ private:
   Layer& l() noexcept { return static_cast<Layer&>(*this); }
   const Layer& l() const noexcept { return static_cast<const Layer&>(*this); }
   auto& m() noexcept { return l().m_; }
+
+  /// Whether a call may skip capture queries and the private pools altogether: no capture is looked for
+  /// (check_capture off), announced or seen, and no private pool exists. Then a released graph's pool cannot
+  /// exist either, and its id waits for the next call that is not quiet (collecting it changes nothing else).
+  bool quiet() const noexcept { return !l().m_.opts.check_capture && !l().capture_possible() && l().m_.graphs.pools().empty(); }
 
   /// Whether this call asks the capture query: while a capture may be under way, and on every stream with
   /// check_capture (the only way to find a capture nobody announced, identified streams included).

@@ -335,6 +335,8 @@ private:
   void* allocate_ordered(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id)
   {
     check_alignment("stream_ordered", alignment, largest_alignment);
+    std::uint64_t looked_up = 0;  // a plain handle's id, when allocate_alone asked it
+    if (void* p = this->allocate_alone(bytes, alignment, stream, known_id, looked_up)) [[likely]] return p;
     if (bytes == 0) return m_.policy.allocate(0, alignment);  // null, once the policy has checked the alignment
     collect_released_pools();
     const tag_id tag = detail::allocation_tag(m_.policy);  // a sleeping tag's cached blocks have no memory: the policy refuses it
@@ -348,7 +350,7 @@ private:
   /// A free on `stream`, whose id is `known_id` when the caller knows it.
   void free_ordered(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
   {
-    if (p == nullptr) return;
+    if (p == nullptr || this->free_alone(p, bytes, alignment, stream, known_id)) return;
     this->collect_released_pools_noexcept();
     const shape sh = shape_of(bytes, alignment);
     if (const std::optional<std::uint64_t> id = this->id_to_free(p, sh, stream, known_id)) deallocate_on(p, sh, stream, *id);
