@@ -81,6 +81,12 @@ struct rig {
     check_handout(p, bytes, world.id_of(s), /*for_host=*/false);
     return p;
   }
+  void* allocate(std::size_t bytes, const identified_stream& s)
+  {
+    void* p = layer.allocate_async(bytes, 256, s);
+    check_handout(p, bytes, s.id(), /*for_host=*/false);
+    return p;
+  }
   void* allocate_sync(std::size_t bytes)
   {
     void* p = layer.allocate(bytes, 256);
@@ -91,6 +97,11 @@ struct rig {
   {
     const std::uint64_t id = world.id_of(s);
     freed.emplace(reinterpret_cast<std::uintptr_t>(p), free_record{layer.good_size(bytes, 256), id, world.enqueued(id)});
+    layer.deallocate_async(p, bytes, 256, s);
+  }
+  void free(void* p, std::size_t bytes, const identified_stream& s)
+  {
+    freed.emplace(reinterpret_cast<std::uintptr_t>(p), free_record{layer.good_size(bytes, 256), s.id(), world.enqueued(s.id())});
     layer.deallocate_async(p, bytes, 256, s);
   }
   /// Freed after work on any stream: the record names every stream there is.
@@ -707,6 +718,85 @@ TEST_CASE("stream_ordered: randomized streams, frees and completions keep every 
     run(hands_back_eagerly, frees_per_event);
     rig<true> hands_back_when_needed(24 << 20, {.frees_per_event = frees_per_event});
     run(hands_back_when_needed, frees_per_event);
+  }
+}
+
+TEST_CASE("stream_ordered: captures announced, one stream alone for a while, then joined, destroyed and reborn: every hand-out safe")
+{
+  // The lone owner's short path (no capture looked for) runs until other streams come; a destroyed stream's
+  // handle comes back for a new stream, the owner's included.
+  for (const bool identified : {true, false}) {
+    CAPTURE(identified);
+    rig<true> r(24 << 20, {.check_capture = false});
+    std::mt19937_64 rng(identified ? 11 : 12);
+    std::uniform_int_distribution<int> percent(0, 99);
+    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    const std::size_t shapes[] = {256, 1000, 4096, 65536, 300000, 1 << 20};
+    std::vector<identified_stream> streams{r.world.identify(r.world.create())};
+    struct block {
+      void* p;
+      std::size_t bytes;
+      std::size_t stream;
+    };
+    std::vector<block> live;
+    std::size_t served = 0, reborn = 0;
+    auto allocate = [&](std::size_t bytes, const identified_stream& s) { return identified ? r.allocate(bytes, s) : r.allocate(bytes, s.stream()); };
+    auto free = [&](const block& b, const identified_stream& s) { identified ? r.free(b.p, b.bytes, s) : r.free(b.p, b.bytes, s.stream()); };
+    for (int step = 0; step < 20'000; ++step) {
+      if (step == 3'000) {  // alone so far: nothing cached, no event, no capture query, an id only for a plain handle
+        CHECK(r.layer.stats().hits == 0);
+        CHECK(r.world.calls().records == 0);
+        CHECK(r.world.capture_queries() == 0);
+        CHECK((r.world.id_queries() == 0) == identified);
+      }
+      const int what = percent(rng);
+      if (what < 45 && live.size() < 200) {
+        const std::size_t si = pick(streams.size());
+        const std::size_t bytes = percent(rng) < 80 ? shapes[pick(6)] : 1 + pick(2 << 20);
+        void* p = nullptr;
+        try {
+          p = allocate(bytes, streams[si]);
+        } catch (const out_of_memory&) {
+          continue;
+        }
+        ++served;
+        live.push_back({p, bytes, si});
+      } else if (what < 88 && !live.empty()) {
+        const std::size_t i = pick(live.size());
+        const block b = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        free(b, streams[percent(rng) < 90 ? b.stream : pick(streams.size())]);
+      } else if (what < 94) {
+        r.world.launch(streams[pick(streams.size())].stream());
+      } else if (what < 97) {
+        r.world.finish_id(streams[pick(streams.size())].id());
+      } else if (what < 98 && step >= 3'000) {  // the first steps: one stream alone
+        // Reborn: the stream is destroyed, its work still running, and the next stream gets its handle; the
+        // user hands its live blocks to the new stream.
+        const std::size_t si = pick(streams.size());
+        r.world.destroy(streams[si].stream());
+        const identified_stream fresh = r.world.identify(r.world.create());
+        REQUIRE(fresh.stream().get() == streams[si].stream().get());
+        streams[si] = fresh;
+        ++reborn;
+      } else if (step >= 6'000 && streams.size() < 4) {
+        streams.push_back(r.world.identify(r.world.create()));
+      }
+      std::size_t user_bytes = 0;
+      for (const auto& b : live) user_bytes += r.layer.good_size(b.bytes, 256);
+      REQUIRE(r.layer.usage().in_use == user_bytes);
+    }
+    CHECK(served > 5000);
+    CHECK(reborn > 10);
+    CHECK(streams.size() > 1);
+    CHECK(r.checked_ranges > 1000);
+    CHECK(r.world.dead_stream_queries() == 0);
+    for (const auto& b : live) free(b, streams[b.stream]);
+    r.world.finish_all();
+    r.layer.release();
+    CHECK(r.layer.cached_blocks() == 0);
+    CHECK(r.layer.policy().policy_.usage().in_use == 0);
   }
 }
 
