@@ -75,6 +75,15 @@ class Phases:
             self.show(f"{name} resumed")
 
 
+def warm_up_outside_tags(device):
+    """PyTorch keeps a cuBLAS workspace per thread and stream, allocated through the allocator at the first
+    matrix product and never freed: made inside a tag it would belong to that tag and sleep with it while the
+    other model's products still use it. One product of each kind here, untagged, makes it tag 0's."""
+    x = torch.ones(64, 64, device=device)
+    torch.nn.functional.linear(x, x, x[0]).sum().item()
+    (x @ x).sum().item()
+
+
 def tagged(sleeping, name):
     return strata_torch.tag(name) if sleeping else contextlib.nullcontext()
 
@@ -84,6 +93,7 @@ def loop(iterations, sleeping):
     torch.use_deterministic_algorithms(True, warn_only=True)
     phases = Phases(sleeping)
     device = torch.device("cuda")
+    warm_up_outside_tags(device)
     with tagged(sleeping, "trainer"):
         policy = build_policy(0).to(device)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)

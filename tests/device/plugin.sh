@@ -46,7 +46,7 @@ else
   echo "== torch: PyTorch not importable here: torch_smoke.py not run"; status=1
 fi
 if command -v compute-sanitizer >/dev/null; then
-  step memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$build"/plugin/tests/strata_plugin_gpu_tests default
+  step memcheck env STRATA_TEST_UNDER_SANITIZER=1 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$build"/plugin/tests/strata_plugin_gpu_tests default
   grep -E "ERROR SUMMARY|ALL PASSED|FAILED" "$OUT/memcheck.log" | tail -5
 else
   echo "== memcheck: compute-sanitizer not found"; status=1
