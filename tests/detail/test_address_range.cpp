@@ -181,3 +181,35 @@ TEST_CASE("block_range: carve and release file the free pieces by size and give 
   CHECK(r.first->size == 1 << 20);
   CHECK(nodes.free_count() == spare + 2);  // the middle and the tail merged into the first
 }
+
+namespace {
+/// A node with a field of its own that pieces inherit, and links they must not.
+struct tagged_block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  tagged_block* prev = nullptr;
+  tagged_block* next = nullptr;
+  tagged_block* free_prev = nullptr;
+  tagged_block* free_next = nullptr;
+  unsigned band = 0;
+  bool free = false;
+  void inherit_from(const tagged_block& whole) noexcept { band = whole.band; }
+};
+} // namespace
+
+TEST_CASE("address_range: split_off gives the new piece what the node inherits, and none of b's list links")
+{
+  tagged_block sentinel{};
+  tagged_block b{.address = 4096, .size = 1024, .free_prev = &sentinel, .free_next = &sentinel, .band = 3, .free = true};
+  tagged_block piece{.free_prev = &sentinel, .band = 9, .free = true};  // a recycled node's leftovers
+  CHECK(range::split_off(&b, 256, &piece) == &piece);
+  CHECK(piece.address == 4096 + 256);
+  CHECK(piece.size == 768);
+  CHECK(b.size == 256);
+  CHECK(piece.band == 3);
+  CHECK(piece.free_prev == nullptr);
+  CHECK(piece.free_next == nullptr);
+  CHECK_FALSE(piece.free);
+  CHECK(piece.prev == &b);
+  CHECK(b.next == &piece);
+}

@@ -27,11 +27,14 @@ struct address_block {
 namespace address_range {
 
 /// Links `node` into the list right after b, holding b's bytes from `offset` on; b keeps the first `offset`.
-/// The new node copies b's other fields (a pool's own tags, such as which lists it belongs to).
+/// The new node starts blank (in no list) and takes from b only what a pool's node says it inherits
+/// (`inherit_from`, such as the band that names its free lists): copying b whole would read and write
+/// every link on the hot path for nothing.
 template <class Node>
 Node* split_off(Node* b, std::size_t offset, Node* node) noexcept
 {
-  *node = *b;
+  *node = Node{};
+  if constexpr (requires { node->inherit_from(*b); }) node->inherit_from(*b);
   node->address = b->address + offset;
   node->size = b->size - offset;
   node->prev = b;

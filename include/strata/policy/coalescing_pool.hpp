@@ -210,6 +210,7 @@ private:
     block* idle_next = nullptr;
     unsigned band = 0;
     bool free = false;
+    void inherit_from(const block& whole) noexcept { band = whole.band; }  // a piece stays in its chunk's band
   };
   struct chunk_info {
     std::size_t size = 0;
