@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -210,4 +212,88 @@ TEST_CASE("block_table: random pool traffic with checkpoints keeps parked bytes 
     if (t.pool_live_matches(graph, expected)) ++ops;
   }
   CHECK(ops == 3000);
+}
+
+TEST_CASE("address_table: random inserts and takes agree with a std::map, across growth and wrapped probe runs")
+{
+  std::mt19937_64 rng(5);
+  address_table<std::string> t;
+  std::map<std::uintptr_t, std::string> model;
+  std::size_t mismatches = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // Up to 1020 entries in 2048 slots: near half full (the most the table allows), where probe runs are long
+    // and some wrap past the array's end.
+    const std::uintptr_t a = 256 * (1 + rng() % 1100);
+    if (model.count(a) == 0) {
+      if (model.size() == 1020) continue;
+      t.insert(a, std::to_string(a));
+      model.emplace(a, std::to_string(a));
+    } else if (rng() % 8 == 0) {
+      const auto taken = t.take(a);
+      const auto it = model.find(a);
+      if (taken.has_value() != (it != model.end()) || (taken && *taken != it->second)) ++mismatches;
+      if (it != model.end()) model.erase(it);
+    }
+    if (t.size() != model.size()) ++mismatches;
+  }
+  CHECK(mismatches == 0);
+  for (const auto& [a, text] : model) {
+    const std::string* found = t.find(a);
+    REQUIRE(found != nullptr);
+    CHECK(*found == text);
+  }
+  std::size_t visited = 0;
+  t.for_each([&](std::uintptr_t a, const std::string& text) {
+    ++visited;
+    CHECK(model.at(a) == text);
+  });
+  CHECK(visited == model.size());
+  CHECK(t.find(0) == nullptr);
+  CHECK(!t.take(0));
+}
+
+TEST_CASE("address_table: a taken entry's value is released at once, and an absent key is not found")
+{
+  address_table<std::shared_ptr<int>> t;
+  auto held = std::make_shared<int>(7);
+  t.insert(0x1000, held);
+  CHECK(held.use_count() == 2);
+  CHECK(t.find(0x2000) == nullptr);
+  {
+    const auto taken = t.take(0x1000);
+    REQUIRE(taken);
+    CHECK(**taken == 7);
+  }
+  CHECK(held.use_count() == 1);
+  CHECK(t.size() == 0);
+  CHECK(!t.take(0x1000));
+}
+
+TEST_CASE("address_table: taking from a probe run that wraps past the end keeps every other key found")
+{
+  address_table<int> t;
+  t.insert(256, 0);  // allocates the slots, so homes are known
+  (void)t.take(256);
+  const std::size_t last = t.capacity() - 1;
+  // Keys whose probes start at the last two slots and at the first: one run, last - 1 .. 0.
+  auto key_at = [&](std::size_t home, std::uintptr_t after) {
+    std::uintptr_t k = after + 256;
+    while (t.home_of(k) != home) k += 256;
+    return k;
+  };
+  const std::uintptr_t a = key_at(last - 1, 0), b = key_at(last, 0), c = key_at(0, 0), d = key_at(last, b);
+  t.insert(a, 1);
+  t.insert(b, 2);
+  t.insert(c, 3);  // its home is taken by nothing yet: it sits at slot 0
+  t.insert(d, 4);  // home `last`, pushed round to slot 1
+  REQUIRE(t.take(a) == std::optional<int>{1});
+  CHECK(t.find(b) != nullptr);
+  CHECK(t.find(c) != nullptr);
+  CHECK(t.find(d) != nullptr);
+  REQUIRE(t.take(b) == std::optional<int>{2});
+  CHECK(t.find(c) != nullptr);
+  CHECK(t.find(d) != nullptr);
+  CHECK(t.take(d) == std::optional<int>{4});
+  CHECK(t.take(c) == std::optional<int>{3});
+  CHECK(t.size() == 0);
 }
