@@ -28,8 +28,9 @@ class mapping_relocation;
 
 /// Models the owner of a backend's reservations and allocations, with the records (mapping_slots.hpp), page
 /// entries (page_range.hpp) and spares (spare_allocations.hpp) that say where each allocation is mapped.
-/// Cost: a new mapping three backend calls (two where it takes a spare a reclaim left), writing its pages'
-/// entries once and inserting it in its range's run order; reclaim one device wait and two backend calls per
+/// Cost: a new mapping three backend calls (two where it takes a spare a reclaim left; runs mapped back to
+/// back in one call share their access call), writing its pages' entries once and inserting it in its
+/// range's run order; reclaim one device wait and two backend calls per
 /// mapping given back (one where it is kept as a spare; a scan of the idle queue). The backend's page size
 /// must be a power of two (a page number is a shift away).
 /// Never allocates but in grow, map_unmapped, reserve_runs and reclaim, which change nothing when they throw.
@@ -130,7 +131,9 @@ public:
   }
 
   /// One physical allocation per run of unmapped pages in [first, last] (`needed` bytes in all, runs split at
-  /// `max_run` pages); all or none. `mapped()` is called after each allocation made.
+  /// `max_run` pages); all or none. Access is set once per stretch of runs that follow one another (a gap
+  /// longer than `max_run`), not per allocation: the driver charges per call. `mapped()` is called after each
+  /// allocation made.
   template <class Mapped>
   void map_unmapped(range& r, std::size_t first, std::size_t last, std::size_t needed, std::size_t max_run, Mapped&& mapped)
   {
@@ -138,10 +141,12 @@ public:
     reserve_runs(r, needed / page_size());
     std::vector<std::uint32_t> made;
     made.reserve(needed / page_size());
+    std::size_t usable = 0;  // made[usable..] are mapped back to back, their access not yet set
     try {
       for (std::size_t p = first; p <= last;) {
         const piece pc = piece_at(r, p, last);  // looked up again: each mapping made adds a run
         if (pc.slot != no_mapping) {
+          grant_access(r, made, usable);
           p = pc.last + 1;
           continue;
         }
@@ -150,8 +155,12 @@ public:
         mapped();
         p += run;
       }
+      grant_access(r, made, usable);
     } catch (...) {
-      for (std::uint32_t slot : made) drop_mapping(slot);
+      for (std::size_t i = made.size(); i-- > 0;) {
+        if (i < usable) drop_mapping(made[i]);
+        else drop_unusable(made[i]);
+      }
       throw;
     }
   }
@@ -232,7 +241,7 @@ protected:
   };
 
   /// One physical allocation behind pages [first, first + count): a spare of that size or a new one, mapped,
-  /// access set; all or nothing (a spare taken goes back to the spares).
+  /// its access not yet set (grant_access); all or nothing (a spare taken goes back to the spares).
   std::uint32_t map_one(range& r, std::size_t first, std::size_t count)
   {
     const std::size_t bytes = count * page_size();
@@ -240,25 +249,11 @@ protected:
     page_handle page{};
     const bool from_spare = s_.spares.take(count, page);
     if (!from_spare) page = backend_.create(bytes);
-    const auto give_up = [&]() noexcept {
-      if (from_spare) s_.spares.keep(page, count);  // the room it left: no allocation
-      else backend_.destroy(page);
-    };
     try {
       backend_.map(address, page, bytes);
     } catch (...) {
-      give_up();
-      throw;
-    }
-    try {
-      backend_.set_access(address, bytes);
-    } catch (...) {
-      try {
-        backend_.unmap(address, bytes);
-        give_up();
-      } catch (...) {
-        // The driver keeps the range mapped: the allocation is leaked rather than released under a mapping.
-      }
+      if (from_spare) s_.spares.keep(page, count);  // the room it left: no allocation
+      else backend_.destroy(page);
       throw;
     }
     const std::uint32_t slot = s_.add(mapping{.page = page, .band = index_of(r), .first = first, .count = count});  // room reserved
@@ -267,6 +262,31 @@ protected:
     s_.physical += bytes;
     s_.peak_physical = std::max(s_.peak_physical, s_.physical);
     return slot;
+  }
+
+  /// Sets access, in one call, over the mappings made[from..], which lie back to back; then they are usable.
+  void grant_access(const range& r, const std::vector<std::uint32_t>& made, std::size_t& from)
+  {
+    if (from == made.size()) return;
+    const mapping& front = s_.mappings[made[from]];
+    const mapping& back = s_.mappings[made.back()];
+    backend_.set_access(address_of(r, front.first), (back.first + back.count - front.first) * page_size());
+    from = made.size();
+  }
+
+  /// Unmaps and releases a mapping whose access was never set. Where the driver keeps it mapped, the
+  /// allocation is leaked and the pages recorded as unmapped: a later map there fails rather than handing out
+  /// memory no device may touch.
+  void drop_unusable(std::uint32_t slot) noexcept
+  {
+    mapping& m = s_.mappings[slot];
+    bool unmapped = true;
+    try {
+      backend_.unmap(address_of(s_.ranges[m.band], m.first), bytes_of(m));
+    } catch (...) {
+      unmapped = false;
+    }
+    release_unmapped(slot, unmapped);
   }
 
   /// Unmaps and releases a mapping no live block touches.
