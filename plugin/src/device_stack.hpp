@@ -40,6 +40,15 @@ struct stack_calls {
   page_counters pages{};            ///< the page backend's driver calls (maps, unmaps, device waits, ...)
 };
 
+/// What the figures of every allocation and free read of the stack: one virtual call for all of it.
+struct stack_reading {
+  strata::usage usage{};
+  std::size_t held_bytes = 0;
+  std::size_t held_blocks = 0;
+  std::uint64_t page_creates = 0;   ///< physical allocations since built (zero without page mapping)
+  std::uint64_t page_releases = 0;
+};
+
 /// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
 /// Every call costs what the stack's call costs, plus one virtual call (less a driver call on the legacy stream).
 class device_stack {
@@ -62,6 +71,7 @@ public:
   virtual std::size_t held_bytes() const noexcept = 0;
   virtual std::size_t held_blocks() const noexcept = 0;
   virtual stack_calls calls() const noexcept = 0;
+  virtual stack_reading read() const noexcept = 0;
   virtual std::string snapshot_json() const = 0;
   /// Flushes the trace file, if recording; false on a write error.
   virtual bool flush_trace() noexcept = 0;
@@ -132,6 +142,17 @@ public:
   strata::usage usage() const noexcept override { return inner().usage(); }
   std::size_t held_bytes() const noexcept override { return uses_.held_bytes(); }
   std::size_t held_blocks() const noexcept override { return uses_.held_blocks(); }
+
+  stack_reading read() const noexcept override
+  {
+    stack_reading r{.usage = inner().usage(), .held_bytes = uses_.held_bytes(), .held_blocks = uses_.held_blocks()};
+    if constexpr (requires { inner().policy().page_calls(); }) {
+      const page_counters& pages = inner().policy().page_calls();
+      r.page_creates = pages.creates;
+      r.page_releases = pages.releases;
+    }
+    return r;
+  }
 
   stack_calls calls() const noexcept override
   {

@@ -121,8 +121,10 @@ public:
     allocation.increase(k, 1);
     allocated_bytes.increase(k, bytes);
     requested_bytes.increase(k, requested);
-    live_active_.increase(k, 1);
-    live_active_bytes_.increase(k, bytes);
+    active[k].increase(1);
+    active_bytes[k].increase(bytes);
+    ++live_blocks_;
+    live_bytes_ += bytes;
   }
   /// A block handed out by on_allocate is freed (or parked for a graph pool).
   void on_free(std::size_t bytes, std::size_t requested) noexcept
@@ -131,8 +133,10 @@ public:
     allocation.decrease(k, 1);
     allocated_bytes.decrease(k, bytes);
     requested_bytes.decrease(k, requested);
-    live_active_.decrease(k, 1);
-    live_active_bytes_.decrease(k, bytes);
+    active[k].decrease(1);
+    active_bytes[k].decrease(bytes);
+    --live_blocks_;
+    live_bytes_ -= bytes;
   }
   /// The stack's figures after a call; `parked_bytes`/`parked_blocks`: blocks the backend keeps for graph
   /// pools (in the stack's in_use, free in PyTorch's view).
@@ -143,7 +147,9 @@ public:
     const std::size_t idle = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
     inactive_split_bytes[pool_kind::all].set(idle + parked_bytes);
     inactive_split[pool_kind::all].set(f.free_blocks + parked_blocks);
-    sync_active(f.held_bytes, f.held_blocks);
+    // The aggregate moves once per call by the net change of live plus held, as one observed figure.
+    active[pool_kind::all].set(live_blocks_ + f.held_blocks);
+    active_bytes[pool_kind::all].set(live_bytes_ + f.held_bytes);
     last_ = f;
     num_device_alloc = static_cast<std::int64_t>(f.device_allocs - base_.device_allocs);
     num_device_free = static_cast<std::int64_t>(f.device_frees - base_.device_frees);
@@ -160,11 +166,15 @@ public:
     for (const auto& [bytes, requested] : live) fresh.on_allocate(bytes, requested);
     const std::pair<stat_array*, const stat_array*> pairs[] = {{&allocation, &fresh.allocation},
                                                                {&allocated_bytes, &fresh.allocated_bytes},
-                                                               {&requested_bytes, &fresh.requested_bytes},
-                                                               {&live_active_, &fresh.live_active_},
-                                                               {&live_active_bytes_, &fresh.live_active_bytes_}};
+                                                               {&requested_bytes, &fresh.requested_bytes}};
     for (const auto& [to, from] : pairs)
       for (std::size_t k = 0; k < pool_kinds; ++k) to->kinds[k].set(static_cast<std::size_t>(from->kinds[k].current));
+    for (pool_kind k : {pool_kind::small_pool, pool_kind::large_pool}) {
+      active[k].set(static_cast<std::size_t>(fresh.active[k].current));
+      active_bytes[k].set(static_cast<std::size_t>(fresh.active_bytes[k].current));
+    }
+    live_blocks_ = fresh.live_blocks_;
+    live_bytes_ = fresh.live_bytes_;
   }
 
   void reset_peaks() noexcept
@@ -187,18 +197,9 @@ private:
             &inactive_split_bytes, &requested_bytes};
   }
 
-  /// active = live blocks per kind; the aggregate adds the blocks held for other streams.
-  void sync_active(std::size_t held_bytes, std::size_t held_blocks) noexcept
-  {
-    for (pool_kind k : {pool_kind::small_pool, pool_kind::large_pool}) {
-      active[k].set(static_cast<std::size_t>(live_active_[k].current));
-      active_bytes[k].set(static_cast<std::size_t>(live_active_bytes_[k].current));
-    }
-    active[pool_kind::all].set(static_cast<std::size_t>(live_active_[pool_kind::all].current) + held_blocks);
-    active_bytes[pool_kind::all].set(static_cast<std::size_t>(live_active_bytes_[pool_kind::all].current) + held_bytes);
-  }
-
-  stat_array live_active_, live_active_bytes_;
+  /// Blocks handed out and not freed: active's aggregate is these plus the blocks held for other streams.
+  std::size_t live_blocks_ = 0;
+  std::size_t live_bytes_ = 0;
   stack_figures base_{}, last_{};  ///< the counts at the last accumulated reset, and the newest
 };
 

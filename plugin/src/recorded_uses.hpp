@@ -106,6 +106,7 @@ public:
   template <class Free>
   void reap(Backend& b, Free&& free) noexcept
   {
+    if (held_.empty()) return;
     pending_streams pending;
     for (auto it = held_.begin(); it != held_.end();) {
       if (complete(b, *it, pending)) {

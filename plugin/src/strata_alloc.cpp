@@ -265,6 +265,8 @@ struct device_scope {
   }
 };
 
+/// Counts an allocation; the reserved peak is the caller's (note_reserved), from whichever read of the
+/// stack it makes anyway.
 void account_alloc(device_slot& s, std::size_t size) noexcept
 {
   device_stats& st = s.stats;
@@ -273,8 +275,9 @@ void account_alloc(device_slot& s, std::size_t size) noexcept
   ++st.allocations_current;
   st.allocations_peak = std::max(st.allocations_peak, st.allocations_current);
   ++st.allocations_total;
-  st.reserved_peak = std::max(st.reserved_peak, s.stack->usage().reserved);
 }
+
+void note_reserved(device_slot& s, std::size_t reserved) noexcept { s.stats.reserved_peak = std::max(s.stats.reserved_peak, reserved); }
 
 void account_free(device_slot& s, std::size_t size) noexcept
 {
@@ -321,7 +324,9 @@ void* allocate(std::size_t size, int device, cudaStream_t stream)
   device_slot& s = slot_for(device);
   std::lock_guard lock(*s.mutex);
   device_scope on(s, device);
-  return allocate_locked(s, size, stream);
+  void* p = allocate_locked(s, size, stream);
+  note_reserved(s, s.stack->usage().reserved);
+  return p;
 }
 
 void free_locked(device_slot& s, void* ptr, std::size_t size, cudaStream_t stream) noexcept
@@ -330,27 +335,28 @@ void free_locked(device_slot& s, void* ptr, std::size_t size, cudaStream_t strea
   account_free(s, size);
 }
 
-/// The device's figures as they stand; the slot's lock held.
-void fill_figures(device_slot& s, strata_device_figures* out) noexcept
+/// The device's figures from one read of the stack; the slot's lock held.
+void fill_figures(const device_slot& s, const stack_reading& r, strata_device_figures* out) noexcept
 {
-  const strata::usage u = s.stack->usage();
-  const stack_calls calls = s.stack->calls();
   *out = strata_device_figures{};
-  out->reserved = u.reserved;
-  out->in_use = u.in_use;
-  out->largest_free = u.largest_free;
-  out->chunks = u.chunks;
-  out->free_blocks = u.free_blocks;
-  out->held_bytes = s.stack->held_bytes();
-  out->held_blocks = s.stack->held_blocks();
+  out->reserved = r.usage.reserved;
+  out->in_use = r.usage.in_use;
+  out->largest_free = r.usage.largest_free;
+  out->chunks = r.usage.chunks;
+  out->free_blocks = r.usage.free_blocks;
+  out->held_bytes = r.held_bytes;
+  out->held_blocks = r.held_blocks;
   out->allocated = s.stats.allocated;
   out->limit = s.cap;
   out->device_memory = s.device_memory;
-  out->device_allocs = calls.pages.creates;
-  out->device_frees = calls.pages.releases;
+  out->device_allocs = r.page_creates;
+  out->device_frees = r.page_releases;
   out->alloc_retries = s.stats.num_alloc_retries;
   out->ooms = s.stats.num_ooms;
 }
+
+/// The device's figures as they stand; the slot's lock held.
+void fill_figures(device_slot& s, strata_device_figures* out) noexcept { fill_figures(s, s.stack->read(), out); }
 
 /// A built slot, or null (nothing was ever allocated there).
 device_slot* built_slot(int device) noexcept
@@ -747,7 +753,13 @@ void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stre
     device_scope on(s, device);
     try {
       void* p = allocate_locked(s, size, stream);
-      if (out != nullptr) fill_figures(s, out);
+      if (out == nullptr) {
+        note_reserved(s, s.stack->usage().reserved);
+        return p;
+      }
+      const stack_reading r = s.stack->read();
+      note_reserved(s, r.usage.reserved);
+      fill_figures(s, r, out);
       return p;
     } catch (...) {
       if (out != nullptr) fill_figures(s, out);  // what the refusal left: the out-of-memory message quotes it
@@ -876,6 +888,7 @@ void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
     const cudaStream_t stream = cupy_stream;
     s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
     void* p = allocate_locked(s, size, stream);
+    note_reserved(s, s.stack->usage().reserved);
     s.cupy.emplace(p, cupy_block{size, stream});
     return p;
   } catch (const std::exception& e) {

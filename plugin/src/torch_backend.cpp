@@ -543,8 +543,10 @@ public:
       if (!parked) strata_free_observed(ptr, b.size, d, static_cast<cudaStream_t>(b.stream), &v.last);
       v.stats.on_free(b.size, b.requested);
       apply(v);
-      record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
-      record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
+      if (recording(v)) {
+        record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
+        record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
+      }
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -689,6 +691,12 @@ private:
     }
     for (const auto& o : observers) o(device, figures[0], figures[1], figures[2]);
     TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  }
+
+  /// Whether record() would keep or pass on anything: history on, or a trace tracker attached.
+  bool recording(const device_view& v) const
+  {
+    return v.history.enabled() || has_trackers_.load(std::memory_order_acquire);
   }
 
   void record(device_view& v, int device, strata::plugin::trace_action action, void* address, size_t size, void* stream,

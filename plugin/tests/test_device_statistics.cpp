@@ -169,3 +169,22 @@ TEST_CASE("device_statistics: recount_live replaces the live figures, counting t
   d.observe(stack_figures{});
   CHECK(d.active_bytes[pool_kind::small_pool].current == 4096 + 8192 * 2);
 }
+
+TEST_CASE("device_statistics: one call's change of live and held blocks moves active's aggregate by the net only")
+{
+  device_statistics d;
+  d.on_allocate(2 * MiB, 2 * MiB);
+  d.on_free(2 * MiB, 2 * MiB);
+  d.observe(stack_figures{.reserved = 4 * MiB, .in_use = 2 * MiB, .chunks = 1, .held_bytes = 2 * MiB, .held_blocks = 1});
+  const auto before = d.active_bytes[pool_kind::all];
+  // The allocation reaped the held block in the same call: as many bytes active as before, none added.
+  d.on_allocate(2 * MiB, 2 * MiB);
+  d.observe(stack_figures{.reserved = 4 * MiB, .in_use = 2 * MiB, .chunks = 1});
+  CHECK(d.active_bytes[pool_kind::all].current == before.current);
+  CHECK(d.active_bytes[pool_kind::all].allocated == before.allocated);
+  CHECK(d.active_bytes[pool_kind::all].freed == before.freed);
+  CHECK(d.active[pool_kind::all].current == 1);
+  // The kind's figure has no held part: it counts the block itself.
+  CHECK(d.active_bytes[pool_kind::large_pool].current == static_cast<std::int64_t>(2 * MiB));
+  CHECK(d.active_bytes[pool_kind::large_pool].allocated == static_cast<std::int64_t>(4 * MiB));
+}
