@@ -3,7 +3,7 @@
 
     python3 bench/record_traces.py --out DIR [--workloads a,b,...] [--list]
 
-Each workload runs twice, each time in a process of its own: once under PyTorch's default allocator with
+Each workload runs twice, each time in a process of its own, all of them side by side: once under PyTorch's default allocator with
 `torch.cuda.memory._record_memory_history` on (the trace), once with expandable segments (its figures only).
 Writes DIR/<workload>.csv.gz in bench/traces' format (`op,id,bytes,stream`; `a` allocate, `f` free; streams
 numbered from 0 in order of first use) and DIR/figures.jsonl: per workload and allocator, peak reserved and
@@ -46,15 +46,15 @@ def build_model(family):
 
 
 def run_workload(name, trace_path):
-    """In this process: runs the workload, writes the trace if asked, prints the figures as one JSON line."""
+    """In this process: runs the workload, writes the trace if asked, prints the figures as one JSON line. The
+    recording starts before the model is built, so the weights are in the trace as they are in PyTorch's peaks."""
     import torch
 
     family, shapes, beams = WORKLOADS[name]
-    model, vocab = build_model(family)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.init()
     if trace_path:
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
+    model, vocab = build_model(family)
     generator = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
         for batch, prompt, new in shapes:
@@ -120,26 +120,30 @@ def main():
     if unknown:
         sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     os.makedirs(args.out, exist_ok=True)
+    # Every run is a process of its own and runs beside the others: each allocator's figures and each trace
+    # are the process's own, whatever else shares the device.
+    runs = []
+    for name in names:
+        for expandable in (False, True):
+            env = dict(os.environ)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            cmd = [sys.executable, __file__, "--one", name]
+            if expandable:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            else:
+                cmd += ["--trace", os.path.join(args.out, f"{name}.csv.gz")]
+            runs.append((name, expandable, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     failed = 0
     with open(os.path.join(args.out, "figures.jsonl"), "a") as figures:
-        for name in names:
-            for expandable in (False, True):
-                env = dict(os.environ)
-                env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-                cmd = [sys.executable, __file__, "--one", name]
-                if expandable:
-                    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-                else:
-                    cmd += ["--trace", os.path.join(args.out, f"{name}.csv.gz")]
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                if done.returncode != 0:
-                    failed += 1
-                    print(f"{name} ({'expandable' if expandable else 'default'}) failed:\n{done.stderr[-3000:]}")
-                    continue
-                line = done.stdout.strip().splitlines()[-1]
-                figures.write(line + "\n")
-                figures.flush()
-                print(line, flush=True)
+        for name, expandable, proc in runs:
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                failed += 1
+                print(f"{name} ({'expandable' if expandable else 'default'}) failed:\n{err[-3000:]}", flush=True)
+                continue
+            line = out.strip().splitlines()[-1]
+            figures.write(line + "\n")
+            print(line, flush=True)
     sys.exit(1 if failed else 0)
 
 
