@@ -1,12 +1,13 @@
-// Two devices: per_device routing on real GPUs, frees made while another device is
-// current, every source allocating on its own device whatever is current, and peer reads and writes through
-// each pool kind. Each test skips with a message on a machine with one device (a failure under
-// STRATA_REQUIRE_GPU=2); the bad-peer tests run on one device too.
+// Two devices: per_device routing on real GPUs, frees made while another device is current, every source
+// allocating on its own device whatever is current, peer reads and writes through each pool kind, and a
+// tag's blocks read and written by the peer after sleep and wake. Each test skips with a message on a machine
+// with one device (a failure under STRATA_REQUIRE_GPU=2); the bad-peer tests run on one device too.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <strata/adaptor/per_device.hpp>
@@ -15,6 +16,7 @@
 #include <strata/pages/driver_pages.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/policy/mapped_pool.hpp>
+#include <strata/sleep/tag_scope.hpp>
 #include <strata/source/async_source.hpp>
 #include <strata/source/device_source.hpp>
 #include "kernels.cuh"
@@ -300,6 +302,56 @@ TEST_CASE("peer access through each pool kind: a kernel on one device reads and 
       peer_round_trip(pool, owner, peer, 10 * mib, 400);
       pool.release();
     }
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+TEST_CASE("sleep_wake with a peer: after resume the peer reads and writes a tag's blocks, contents identical on both devices")
+{
+  if (!have_two_devices()) return;
+  keep_current_device keep;
+  const int owner = 0, peer = 1;
+  if (!can_access(peer, owner)) {
+    MESSAGE("no peer path from device " << peer << " to device " << owner << ": skipped");
+    return;
+  }
+  const std::size_t sizes[] = {256, 3 * mib + 4, 70 * mib + 256, 256 * mib};
+  auto each_block = [&](auto&& pool, auto&& pause_tag, auto&& resume_tag, std::uint32_t seed) {
+    make_current(owner);
+    std::vector<std::pair<void*, std::size_t>> blocks;
+    {
+      tag_scope weights(3);
+      for (std::size_t n : sizes) blocks.emplace_back(pool.allocate(n / 4 * 4), n / 4 * 4);
+    }
+    make_current(peer);  // the peer writes the contents that must survive the pause
+    std::uint32_t s = seed;
+    for (auto [p, n] : blocks) fill(p, n, s++);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    make_current(owner);
+    pause_tag();
+    resume_tag();
+    s = seed;
+    for (auto [p, n] : blocks) CHECK(mismatches(p, n, s++) == 0);  // on the owner
+    make_current(peer);
+    s = seed;
+    for (auto [p, n] : blocks) {
+      CHECK(mismatches(p, n, s) == 0);  // on the peer: access granted again on the new mappings
+      fill(p, n, s + 100);              // and written from there
+      ++s;
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    make_current(owner);
+    s = seed;
+    for (auto [p, n] : blocks) CHECK(mismatches(p, n, 100 + s++) == 0);
+    for (auto [p, n] : blocks) pool.deallocate(p, n);
+  };
+  {
+    mapped_pool<driver_pages> pool{driver_pages(owner, 0, {peer})};
+    each_block(pool, [&] { pool.pause({3}); CHECK(pool.physical_bytes(3) == 0); }, [&] { pool.resume({3}); }, 500);
+  }
+  {
+    default_pool pool = make_default_pool({.device = owner, .max_fraction = 0.5, .peers = {peer}});
+    each_block(pool, [&] { pause(pool, {3}); CHECK(pool.policy().physical_bytes(3) == 0); }, [&] { resume(pool, {3}); }, 600);
+    pool.release();
   }
   CHECK(cudaGetLastError() == cudaSuccess);
 }
