@@ -18,6 +18,7 @@
 
 #include <strata/default_pool.hpp>
 
+#include "backend_path.hpp"
 #include "steady_loop.hpp"
 
 namespace {
@@ -98,6 +99,20 @@ int main(int argc, char** argv)
   std::printf("host time on %s (best of repetitions)\n", prop.name);
   row("pair: strata_malloc + strata_free (stream 0, as PyTorch calls)",
       pair_ns([](std::size_t n) { return strata_malloc(n, 0, nullptr); }, [](void* p, std::size_t n) { strata_free(p, n, 0, nullptr); }));
+  // strata's PyTorch backend per tensor, without PyTorch (backend_path.hpp): the two ways of locking, twice
+  // each, interleaved, so that the stack's state is alike for both.
+  for (int round = 0; round < 2; ++round) {
+    {
+      strata::bench::backend_path<true> b;
+      row("pair: backend path, its own mutex then the observed calls",
+          pair_ns([&b](std::size_t n) { return b.allocate(n, nullptr); }, [&b](void* p, std::size_t) { b.free(p); }));
+    }
+    {
+      strata::bench::backend_path<false> b;
+      row("pair: backend path, the plug-in's device lock across both",
+          pair_ns([&b](std::size_t n) { return b.allocate(n, nullptr); }, [&b](void* p, std::size_t) { b.free(p); }));
+    }
+  }
   {
     default_pool pool = plugin_stack();
     const cuda::stream_ref legacy{cudaStreamLegacy};
@@ -132,6 +147,10 @@ int main(int argc, char** argv)
   row("call: identify (cuStreamGetId on the legacy stream)", call_ns([] { (void)identify(cuda::stream_ref{cudaStreamLegacy}); }));
   std::mutex m;
   row("call: std::mutex lock + unlock", call_ns([&m] { std::lock_guard lock(m); }));
+  row("call: strata_device_lock + strata_device_unlock", call_ns([] {
+        (void)strata_device_lock(0);
+        strata_device_unlock(0);
+      }));
   row("pair: strata_malloc + strata_free again (drift check)",
       pair_ns([](std::size_t n) { return strata_malloc(n, 0, nullptr); }, [](void* p, std::size_t n) { strata_free(p, n, 0, nullptr); }));
   if (!json_path.empty()) {

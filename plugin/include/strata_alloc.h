@@ -90,6 +90,12 @@ STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures
  * second call per allocation or free. A refused allocation fills `out` before its exception leaves. */
 STRATA_ALLOC_API void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out);
 STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t stream, strata_device_figures* out);
+/* The device's lock, held by the calling thread across several calls (strata's PyTorch backend keeps its own
+ * books of the device under it, so one lock covers both): entry points this thread calls for that device
+ * meanwhile do not lock again; call no others inside. Pairs nest; other threads' calls for the device wait.
+ * 0, or -1 for a device out of range (message set). Unlock with the same device on the same thread. */
+STRATA_ALLOC_API int strata_device_lock(int device);
+STRATA_ALLOC_API void strata_device_unlock(int device);
 
 /* ---- Sleep and wake by tag (docs/sleep_wake.md; page-mapped stacks: default_pool, simulated) ------------ */
 /* This thread's allocations carry `tag` until the matching strata_tag_end (they nest; 0 is the default). */

@@ -2,7 +2,8 @@
 //
 // Threads: PyTorch calls from many threads. Each device's stack has its own mutex (the simulated devices
 // share one: they share one pretend GPU); building a stack takes the configuration mutex too. Statistics are
-// kept under the device's mutex.
+// kept under the device's mutex. A caller may hold the device's mutex across several entry points
+// (strata_device_lock, which strata's PyTorch backend takes for its own books): they do not lock it again.
 // Lifetime: the state is created on first use and never destroyed. PyTorch frees tensors during interpreter
 // teardown, after static destructors may have run, and the CUDA runtime may be gone by then: a stack that
 // outlived its process costs nothing, a destroyed one would crash the frees that come after it.
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -98,6 +100,11 @@ struct device_slot {
   device_stats stats;
   std::unordered_map<void*, cupy_block> cupy;
   int routes = 0;  ///< graph pools being allocated to (a capture may be under way: no event queries then)
+  /// The thread holding the slot through strata_device_lock (none: no one). Written only by the thread that
+  /// holds own_mutex, so a thread that reads its own id holds the section.
+  std::atomic<std::thread::id> section{};
+  int section_depth = 0;       ///< nested strata_device_lock calls of the holder
+  bool section_world = false;  ///< the holder took the simulated world's lock too
 };
 
 struct plugin_state {
@@ -108,6 +115,30 @@ struct plugin_state {
   std::mutex world_mutex;  ///< the simulated devices' one lock
   std::unique_ptr<simulated_streams> world;
   std::atomic<bool> atexit_registered{false};
+};
+
+/// A device slot's lock for one entry point: none inside a section its thread holds (strata_device_lock),
+/// except the simulated world's when its stack was built inside the section.
+class slot_lock {
+public:
+  explicit slot_lock(device_slot& s) : m_(needs_lock(s) ? s.mutex : nullptr)
+  {
+    if (m_ != nullptr) m_->lock();
+  }
+  ~slot_lock()
+  {
+    if (m_ != nullptr) m_->unlock();
+  }
+  slot_lock(const slot_lock&) = delete;
+  slot_lock& operator=(const slot_lock&) = delete;
+
+private:
+  static bool needs_lock(const device_slot& s) noexcept
+  {
+    if (s.section.load(std::memory_order_relaxed) != std::this_thread::get_id()) return true;
+    return s.mutex != &s.own_mutex && !s.section_world;
+  }
+  std::mutex* m_;
 };
 
 plugin_state& state()
@@ -322,7 +353,7 @@ void* allocate(std::size_t size, int device, cudaStream_t stream)
 {
   if (size == 0) return nullptr;
   device_slot& s = slot_for(device);
-  std::lock_guard lock(*s.mutex);
+  slot_lock lock(s);
   device_scope on(s, device);
   void* p = allocate_locked(s, size, stream);
   note_reserved(s, s.stack->usage().reserved);
@@ -370,7 +401,7 @@ void flush_all_traces() noexcept
 {
   for (int d = 0; d < max_devices; ++d)
     if (device_slot* s = built_slot(d)) {
-      std::lock_guard lock(*s->mutex);
+      slot_lock lock(*s);
       (void)s->stack->flush_trace();
     }
 }
@@ -388,7 +419,7 @@ std::string stats_json(device_slot* s, const std::string& stack_name)
   std::size_t held = 0;
   stack_calls calls{};
   if (s != nullptr) {
-    std::lock_guard lock(*s->mutex);
+    slot_lock lock(*s);
     st = s->stats;
     u = s->stack->usage();
     held = s->stack->held_bytes();
@@ -483,7 +514,7 @@ int for_each_built(const char* where, F&& f, bool every_device = false) noexcept
   for (int d = 0; d < max_devices; ++d) {
     device_slot* s = built_slot(d);
     if (s == nullptr) continue;
-    std::lock_guard lock(*s->mutex);
+    slot_lock lock(*s);
     try {
       device_scope on(*s, d);
       f(*s->stack);
@@ -517,7 +548,7 @@ bool every_tag_somewhere(const char* where, std::span<const tag_id> asked, Pred&
       for (int d = 0; d < max_devices && !found; ++d) {
         device_slot* s = built_slot(d);
         if (s == nullptr) continue;
-        std::lock_guard lock(*s->mutex);
+        slot_lock lock(*s);
         found = on(*s->stack, t);
       }
       if (!found) {
@@ -589,7 +620,7 @@ void strata_set_memory_fraction(double fraction, int device)
     if (!(fraction > 0.0 && fraction <= 1.0))
       throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
     s.cap = std::min(wanted, s.pool_cap);
     if (wanted > s.pool_cap)
@@ -606,7 +637,7 @@ void strata_record_stream(void* ptr, cudaStream_t stream)
   for (int d = 0; d < max_devices; ++d) {
     device_slot* s = built_slot(d);
     if (s == nullptr) continue;
-    std::lock_guard lock(*s->mutex);
+    slot_lock lock(*s);
     if (!s->stack->owns(ptr)) continue;
     try {
       s->stack->record_use(ptr, stream);
@@ -694,7 +725,7 @@ void strata_reset_peak_stats(int device)
 {
   device_slot* s = built_slot(device);
   if (s == nullptr) return;
-  std::lock_guard lock(*s->mutex);
+  slot_lock lock(*s);
   s->stats.allocated_peak = s->stats.allocated;
   s->stats.allocations_peak = s->stats.allocations_current;
   s->stats.reserved_peak = s->stack->usage().reserved;
@@ -705,7 +736,7 @@ size_t strata_snapshot_json(int device, char* buf, size_t len)
   try {
     device_slot* s = built_slot(device);
     if (s == nullptr) return copy_out("{\"box\":\"\",\"segments\":[]}", buf, len);
-    std::lock_guard lock(*s->mutex);
+    slot_lock lock(*s);
     return copy_out(s->stack->snapshot_json(), buf, len);
   } catch (const std::exception& e) {
     set_error("snapshot", e);
@@ -718,7 +749,7 @@ int strata_record_flush(void)
   int failed = 0;
   for (int d = 0; d < max_devices; ++d)
     if (device_slot* s = built_slot(d)) {
-      std::lock_guard lock(*s->mutex);
+      slot_lock lock(*s);
       if (!s->stack->flush_trace()) {
         set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
         failed = 1;
@@ -736,9 +767,44 @@ int strata_device_figures_get(int device, strata_device_figures* out)
   *out = strata_device_figures{};
   device_slot* s = built_slot(device);
   if (s == nullptr) return 1;
-  std::lock_guard lock(*s->mutex);
+  slot_lock lock(*s);
   fill_figures(*s, out);
   return 0;
+}
+
+int strata_device_lock(int device)
+{
+  if (device < 0 || device >= max_devices) {
+    set_error("device_lock", "device " + std::to_string(device) + " is out of range [0, " + std::to_string(max_devices) + ")");
+    return -1;
+  }
+  device_slot& s = state().slots[static_cast<std::size_t>(device)];
+  const std::thread::id me = std::this_thread::get_id();
+  if (s.section.load(std::memory_order_relaxed) == me) {
+    ++s.section_depth;
+    return 0;
+  }
+  // The slot's own mutex: a real stack's lock, and never replaced, so sections exclude each other even across
+  // the stack's build. A simulated stack's lock is the world's: taken too once built (a stack built inside the
+  // section takes it per call, as outside).
+  s.own_mutex.lock();
+  s.section_world = s.built.load(std::memory_order_acquire) && s.mutex != &s.own_mutex;
+  if (s.section_world) s.mutex->lock();
+  s.section_depth = 1;
+  s.section.store(me, std::memory_order_relaxed);
+  return 0;
+}
+
+void strata_device_unlock(int device)
+{
+  device_slot* s = device >= 0 && device < max_devices ? &state().slots[static_cast<std::size_t>(device)] : nullptr;
+  if (s == nullptr || s->section.load(std::memory_order_relaxed) != std::this_thread::get_id())
+    return set_error("device_unlock", "this thread does not hold device " + std::to_string(device) + "'s lock");
+  if (--s->section_depth > 0) return;
+  s->section.store(std::thread::id{}, std::memory_order_relaxed);
+  if (s->section_world) s->mutex->unlock();
+  s->section_world = false;
+  s->own_mutex.unlock();
 }
 
 void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out)
@@ -749,7 +815,7 @@ void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stre
       return nullptr;
     }
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     device_scope on(s, device);
     try {
       void* p = allocate_locked(s, size, stream);
@@ -787,7 +853,7 @@ void strata_free_observed(void* ptr, size_t size, int device, cudaStream_t strea
     if (out != nullptr) *out = strata_device_figures{};
     return;
   }
-  std::lock_guard lock(*s->mutex);
+  slot_lock lock(*s);
   try {
     device_scope on(*s, device);
     free_locked(*s, ptr, size, stream);
@@ -853,7 +919,7 @@ int strata_tag_figures_get(int device, unsigned tag, strata_tag_figures* out)
   *out = strata_tag_figures{};
   device_slot* s = built_slot(device);
   if (s == nullptr) return 1;
-  std::lock_guard lock(*s->mutex);
+  slot_lock lock(*s);
   return s->stack->tag_figures(tag, *out) ? 0 : 1;
 }
 
@@ -861,7 +927,7 @@ int strata_reserve_backup(int device, size_t bytes)
 {
   try {
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     device_scope on(s, device);
     s.stack->reserve_backup(bytes);
     return 0;
@@ -883,7 +949,7 @@ void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
   try {
     if (size == 0) return nullptr;
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     device_scope on(s, device);
     const cudaStream_t stream = cupy_stream;
     s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
@@ -902,7 +968,7 @@ void strata_cupy_free(void* /*param*/, void* ptr, int device)
   if (ptr == nullptr) return;
   device_slot* s = built_slot(device);
   if (s == nullptr) return set_error("cupy_free", std::string("device has no stack: the pointer is not strata's"));
-  std::lock_guard lock(*s->mutex);
+  slot_lock lock(*s);
   const auto it = s->cupy.find(ptr);
   if (it == s->cupy.end()) return set_error("cupy_free", std::string("the pointer was not allocated through strata_cupy_malloc"));
   const cupy_block b = it->second;
@@ -967,7 +1033,7 @@ void strata_begin_allocate_to_pool(int device, std::pair<unsigned long long, uns
   // RuntimeError at torch.cuda.graph() is clearer than failed allocations inside it.
   try {
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     device_scope on(s, device);
     s.stack->begin_allocate_to_pool(pool_key(pool), std::move(filter));
     ++s.routes;
@@ -981,7 +1047,7 @@ void strata_end_allocate_to_pool(int device, std::pair<unsigned long long, unsig
 {
   try {
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     s.stack->end_allocate_to_pool(pool_key(pool));
     if (s.routes > 0) --s.routes;
   } catch (const std::exception& e) {
@@ -994,7 +1060,7 @@ void strata_release_pool(int device, std::pair<unsigned long long, unsigned long
 {
   try {
     device_slot& s = slot_for(device);
-    std::lock_guard lock(*s.mutex);
+    slot_lock lock(s);
     device_scope on(s, device);
     s.stack->release_pool(pool_key(pool));
   } catch (const std::exception& e) {

@@ -9,8 +9,10 @@
 // The PyTorch-free parts live in headers the host tests check: device_statistics.hpp (memory_stats' figures),
 // block_table.hpp (live blocks, private pools, checkpoints) and memory_history.hpp (trace and snapshot).
 //
-// Locks: one mutex per device, taken before libstrata_alloc.so's own; frames are gathered before it (the
-// context recorder may take the GIL). A free finds its device by looking the pointer up in each device's table.
+// Locks: libstrata_alloc.so's lock of the device (strata_device_lock) covers the backend's books of that device
+// and its calls into the stack, which take no lock of their own inside it: one lock per allocation or free.
+// Frames are gathered before it (the context recorder may take the GIL). A free finds its device by looking the
+// pointer up in each device's table.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -109,9 +111,30 @@ struct route {
   std::function<bool(cudaStream_t)> filter;
 };
 
+/// The device's lock in libstrata_alloc.so, held across the backend's books and its calls into the stack.
+class device_lock {
+public:
+  explicit device_lock(int device) : device_(device)
+  {
+    TORCH_CHECK(strata_device_lock(device) == 0, "strata: ", strata_last_error());
+  }
+  ~device_lock() { unlock(); }
+  device_lock(const device_lock&) = delete;
+  device_lock& operator=(const device_lock&) = delete;
+  void unlock() noexcept
+  {
+    if (held_) strata_device_unlock(device_);
+    held_ = false;
+  }
+
+private:
+  int device_;
+  bool held_ = true;
+};
+
 /// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
+/// Guarded by the device's lock (device_lock).
 struct device_view {
-  std::mutex mutex;
   strata::plugin::device_statistics stats;
   strata::plugin::block_table<context_ptr> blocks;
   strata::plugin::memory_history<context_ptr> history;
@@ -126,9 +149,9 @@ void local_raw_delete(void* ptr);
 
 /// strata as PyTorch's process-wide CUDA allocator. Models: c10::cuda::CUDACachingAllocator::CUDAAllocator
 /// (every member of PyTorch 2.11's interface; what strata cannot honour throws a c10::Error naming it).
-/// Cost: an allocation or free is one libstrata_alloc.so call (which returns the figures it left) plus the
-/// device's lock and a hash-map update (no CUDA call of its own); recording history adds PyTorch's frame
-/// gathering; out of memory adds a cudaMemGetInfo. Thread-safe: one mutex per device.
+/// Cost: an allocation or free is one libstrata_alloc.so call (which returns the figures it left) inside the
+/// device's lock, plus an address-table update and O(1) statistics (no CUDA call of its own); recording history
+/// adds PyTorch's frame gathering; out of memory adds a cudaMemGetInfo. Thread-safe: one lock per device.
 class strata_backend final : public alloc::CUDAAllocator {
 public:
   // ---- c10::Allocator ------------------------------------------------------------------------------------
@@ -158,7 +181,7 @@ public:
     const int count = device_count_.load(std::memory_order_acquire);
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
-      std::lock_guard lock(v.mutex);
+      device_lock lock(d);
       observe(v, static_cast<c10::DeviceIndex>(d));
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
@@ -169,21 +192,21 @@ public:
   caching::DeviceStats getDeviceStats(c10::DeviceIndex device) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     observe(v, device);
     return to_c10(v.stats);
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     observe(v, device);
     v.stats.reset_accumulated();
   }
   void resetPeakStats(c10::DeviceIndex device) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     observe(v, device);
     v.stats.reset_peaks();
     strata_reset_peak_stats(device);  // strata_torch.memory_stats()' peaks move with PyTorch's
@@ -278,7 +301,7 @@ public:
     const int count = device_count_.load(std::memory_order_acquire);
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
-      std::lock_guard lock(v.mutex);
+      device_lock lock(d);
       append_segments(result.segments, v, static_cast<c10::DeviceIndex>(d), to_pool(mempool_id));
       result.device_traces.emplace_back();
       if (include_traces) append_trace(result.device_traces.back(), v, static_cast<c10::DeviceIndex>(d));
@@ -299,7 +322,7 @@ public:
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     const pool_id id = to_pool(mempool_id);
     v.blocks.create_or_incref(id);
     try {
@@ -314,7 +337,7 @@ public:
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     const pool_id id = to_pool(mempool_id);
     const auto it = std::find_if(v.routes.rbegin(), v.routes.rend(), [&](const route& r) { return r.pool == id; });
     TORCH_CHECK(it != v.routes.rend(), "strata: endAllocateToPool: no allocation to pool ", id.text(), " is under way");
@@ -328,7 +351,7 @@ public:
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     const pool_id id = to_pool(mempool_id);
     std::vector<std::pair<std::uintptr_t, strata::plugin::live_block<context_ptr>>> returned;
     try {
@@ -350,7 +373,7 @@ public:
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     return v.blocks.use_count(to_pool(mempool_id));
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::shared_ptr<alloc::CUDAAllocator> allocator) override
@@ -360,7 +383,7 @@ public:
                 ") cannot be served while strata is PyTorch's allocator: strata serves every pool from its own stack. "
                 "Create the MemPool without an allocator");
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     try {
       v.blocks.create_or_incref(to_pool(mempool_id));
     } catch (const std::exception& e) {
@@ -370,7 +393,7 @@ public:
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     try {
       v.blocks.set_use_on_oom(to_pool(mempool_id), use_on_oom);
     } catch (const std::exception& e) {
@@ -385,14 +408,14 @@ public:
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id, const std::unordered_set<void*>& expected) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     return v.blocks.pool_live_matches(to_pool(mempool_id), expected);
   }
 
   std::shared_ptr<alloc::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override
   {
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     auto state = std::make_shared<strata_pool_state>();
     state->checkpoint = v.blocks.checkpoint(device, to_pool(id));
     return state;
@@ -404,7 +427,7 @@ public:
     TORCH_CHECK(state->checkpoint.device == device, "strata: setCheckpointPoolState: the state is device ",
                 state->checkpoint.device, "'s, not device ", static_cast<int>(device), "'s");
     device_view& v = view(device);
-    std::lock_guard lock(v.mutex);
+    device_lock lock(device);
     strata::plugin::checkpoint_delta<context_ptr> d;
     try {
       d = v.blocks.restore(state->checkpoint);
@@ -487,7 +510,7 @@ public:
     context_recorder_.store(context_recorder, std::memory_order_release);
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
-      std::lock_guard lock(v.mutex);
+      device_lock lock(d);
       v.history.configure(enabled, static_cast<strata::plugin::context_mode>(when), alloc_trace_max_entries, clearHistory, skip_actions);
     }
     history_enabled_.store(enabled, std::memory_order_release);
@@ -536,7 +559,7 @@ public:
     if (when_.load(std::memory_order_acquire) == static_cast<int>(alloc::RecordContext::ALL)) context = gather();
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
-      std::lock_guard lock(v.mutex);
+      device_lock lock(d);
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
       if (!gone) continue;
       const auto& [b, parked] = *gone;
@@ -600,7 +623,7 @@ private:
     context_ptr context;
     if (when_.load(std::memory_order_acquire) != static_cast<int>(alloc::RecordContext::NEVER)) context = gather();
     device_view& v = view(device);
-    std::unique_lock lock(v.mutex);
+    device_lock lock(device);
     pool_id pool{};
     for (auto it = v.routes.rbegin(); it != v.routes.rend(); ++it)
       if (it->filter(stream)) {
@@ -681,7 +704,7 @@ private:
   {
     std::array<size_t, 3> figures{};
     {
-      std::lock_guard lock(v.mutex);
+      device_lock lock(device);
       figures = v.oom_figures;
     }
     std::vector<alloc::OutOfMemoryObserver> observers;

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -606,6 +608,44 @@ TEST_CASE("C API: the observed allocation and free fill the figures the same cal
           strata_free_observed(q, 1000, 5, a, &seen);  // a device without a stack: nothing freed, zeros, a message
           EXPECT(seen.reserved == 0 && seen.allocated == 0);
           EXPECT(mentions("no stack"));
+        }) == "");
+}
+
+TEST_CASE("C API: a thread holding a device's lock calls the entry points inside; other threads' calls wait")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(strata_device_lock(0) == 0);  // before the stack exists: it is built inside
+          void* p = strata_malloc(MiB, 0, nullptr);
+          EXPECT(p != nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(strata_device_lock(0) == 0);  // nested: no second lock taken
+          strata_free_observed(p, MiB, 0, nullptr, &f);
+          strata_device_unlock(0);
+          EXPECT(f.allocated == 0);
+          strata_device_unlock(0);
+
+          EXPECT(strata_device_lock(0) == 0);  // the stack is built now: its own lock is held too
+          std::atomic<bool> served{false};
+          std::thread other([&served] {
+            void* q = strata_malloc(MiB, 0, nullptr);
+            strata_free(q, MiB, 0, nullptr);
+            served = q != nullptr;
+          });
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          EXPECT(!served.load());  // waiting for the section
+          void* r = strata_malloc_or_throw_observed(MiB, 0, nullptr, &f);  // this thread goes on inside it
+          EXPECT(r != nullptr && f.allocated == MiB);
+          strata_free(r, MiB, 0, nullptr);
+          strata_device_unlock(0);
+          other.join();
+          EXPECT(served.load());
+
+          EXPECT(strata_device_lock(64) == -1);
+          EXPECT(mentions("out of range"));
+          strata_device_unlock(1);  // not held: reported, nothing unlocked
+          EXPECT(mentions("does not hold"));
         }) == "");
 }
 
