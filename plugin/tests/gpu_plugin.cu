@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -380,6 +382,38 @@ void second_device_case()
         "device 1: counted on device 1 only");
 }
 
+/// strata's PyTorch backend holds the device's lock across its own books and its calls (strata_device_lock):
+/// on a real stack that lock is the one the entry points take, so inside they must not take it again, while
+/// other threads' calls wait. A hang is the failure: the alarm ends the case's process.
+void device_lock_case()
+{
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  alarm(60);
+  check(strata_device_lock(0) == 0, "device lock: taken before the stack exists");
+  strata_device_figures f{};
+  void* p = strata_malloc_or_throw_observed(MiB, 0, nullptr, &f);  // builds the stack inside the section
+  check(p != nullptr && f.allocated == MiB, "device lock: an allocation inside fills its figures");
+  check(strata_device_figures_get(0, &f) == 0, "device lock: figures read inside");
+  check(strata_snapshot_json(0, nullptr, 0) > 0, "device lock: snapshot inside");
+  check(strata_device_lock(0) == 0, "device lock: nested");
+  strata_reset_peak_stats(0);
+  strata_device_unlock(0);
+  std::atomic<bool> served{false};
+  std::thread other([&served] {
+    void* q = strata_malloc(MiB, 0, nullptr);
+    strata_free(q, MiB, 0, nullptr);
+    served = q != nullptr;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  check(!served.load(), "device lock: another thread's allocation waits for the section");
+  strata_free_observed(p, MiB, 0, nullptr, &f);
+  check(f.allocated == 0, "device lock: the free inside fills its figures");
+  strata_device_unlock(0);
+  other.join();
+  check(served.load(), "device lock: the other thread's allocation ran after the section");
+  alarm(0);
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -411,6 +445,7 @@ int main(int argc, char** argv)
   failed += in_child("", [] { record_stream_case(false); });
   failed += in_child("", reset_case);
   failed += in_child(",limit=256MiB", limit_case);
+  failed += in_child("", device_lock_case);
   if (devices >= 2) failed += in_child("", second_device_case);
   else std::printf("SKIP: device 1 cases (one GPU)\n");
   std::printf("%s: %d failed check(s) in the plug-in GPU tests (%s)\n", failed == 0 ? "ALL PASSED" : "FAILED", failed,
