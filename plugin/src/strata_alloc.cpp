@@ -135,7 +135,8 @@ public:
 private:
   static bool needs_lock(const device_slot& s) noexcept
   {
-    if (s.section.load(std::memory_order_relaxed) != std::this_thread::get_id()) return true;
+    const std::thread::id holder = s.section.load(std::memory_order_relaxed);
+    if (holder == std::thread::id{} || holder != std::this_thread::get_id()) return true;
     return s.mutex != &s.own_mutex && !s.section_world;
   }
   std::mutex* m_;
