@@ -99,6 +99,49 @@ TEST_CASE("page_mappings: a failed mapping leaves the table as it was")
   CHECK(t.mappings_live() == 2);
 }
 
+TEST_CASE("page_mappings: runs mapped back to back share one access call, a gap between them starts another")
+{
+  simulated_pages device(page);
+  mappings_t t(device_ref{&device});
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  t.grow(r, 16);
+  t.map_unmapped(r, 0, 6, 7 * page, 2, [] {});  // pages 0-1, 2-3, 4-5, 6: four allocations back to back
+  CHECK(device.counts().creates == 4);
+  CHECK(device.counts().maps == 4);
+  CHECK(device.counts().access_calls == 1);
+  CHECK(device.is_usable(t.address_of(r, 0), 7 * page));
+  t.map_unmapped(r, 0, 10, 4 * page, 2, [] {});  // pages 7-8 and 9-10: one more stretch
+  CHECK(device.counts().access_calls == 2);
+  t.map_unmapped(r, 12, 12, page, 2, [] {});
+  t.map_unmapped(r, 0, 14, 3 * page, 2, [] {});  // pages 11 and 13-14, split by the mapping at page 12
+  CHECK(device.counts().creates == 9);
+  CHECK(device.counts().access_calls == 5);
+  CHECK(device.is_usable(t.address_of(r, 0), 15 * page));
+  CHECK(t.physical() == 15 * page);
+}
+
+TEST_CASE("page_mappings: a failed access call unmaps and releases every allocation of its stretch")
+{
+  simulated_pages device(page);
+  mappings_t t(device_ref{&device});
+  t.reserve(0, range_bytes, range_bytes);
+  auto& r = t.band(0);
+  t.grow(r, 16);
+  t.map_unmapped(r, 4, 4, page, 2, [] {});
+  device.fail_after(simulated_pages::operation::set_access, 1);  // pages 0-3 get access, pages 5-8 do not
+  CHECK_THROWS_AS(t.map_unmapped(r, 0, 8, 8 * page, 2, [] {}), std::runtime_error);
+  CHECK(t.mappings_live() == 1);
+  CHECK(t.physical() == page);
+  CHECK(device.bytes_alive() == page);
+  CHECK(device.bytes_mapped() == page);
+  CHECK(device.counts().releases == 4);
+  CHECK(pieces(t, 0, 8) == std::vector<seen>{{0, 3, false}, {4, 4, true}, {5, 8, false}});
+  t.map_unmapped(r, 0, 8, 8 * page, 2, [] {});  // the same request succeeds once the device does
+  CHECK(device.is_usable(t.address_of(r, 0), 9 * page));
+  CHECK(t.physical() == 9 * page);
+}
+
 TEST_CASE("page_mappings: destroyed or assigned to, it gives every mapping and range back; a move leaves it empty")
 {
   simulated_pages device(page);
