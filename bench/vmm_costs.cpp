@@ -1,12 +1,14 @@
 // What the CUDA driver's virtual memory management calls cost on this GPU, the figures mapped_pool's design
-// rests on: cuMemCreate for 2 MiB and larger pages, cuMemMap of one page, cuMemSetAccess over runs of 1..512
-// pages, cuMemUnmap of one page and of a run of separately mapped pages in one call (whether the driver
-// accepts that), cuMemRelease, and a device synchronize with nothing running.
+// rests on: cuMemCreate and cuMemRelease for 2 to 128 MiB, cuMemMap of one page, cuMemSetAccess over runs of
+// 1..512 pages, cuMemUnmap of one page and of a run of separately mapped pages in one call (whether the driver
+// accepts that), a device synchronize with nothing running, and the sequences mapped_pool makes whole (a new
+// mapping, an allocation a reclaim moves, allocations mapped back to back sharing one access call).
 //   vmm_costs [--json FILE]
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -68,16 +70,20 @@ int main(int argc, char** argv)
   CUdeviceptr base = 0;
   check(cuMemAddressReserve(&base, pages * page * 2, page, 0, 0), "reserve");
 
-  for (std::size_t mult : {1, 8, 16}) {
-    std::vector<double> t;
+  // Up to mapped_pool's largest mapping (128 MiB): does creating or releasing follow the bytes?
+  for (std::size_t mult : {1, 4, 8, 16, 32, 64}) {
+    std::vector<double> t, released;
     for (int i = 0; i < 50; ++i) {
       CUmemGenericAllocationHandle h;
       auto s = clock_type::now();
       check(cuMemCreate(&h, mult * page, &prop, 0), "create");
       t.push_back(micros_since(s));
+      s = clock_type::now();
       check(cuMemRelease(h), "release");
+      released.push_back(micros_since(s));
     }
     rows.push_back({"cuMemCreate " + std::to_string(mult * page >> 20) + " MiB", median(t)});
+    rows.push_back({"cuMemRelease " + std::to_string(mult * page >> 20) + " MiB (never mapped)", median(released)});
   }
 
   std::vector<CUmemGenericAllocationHandle> handles(pages);
@@ -181,6 +187,43 @@ int main(int argc, char** argv)
       rows.push_back({"cuMemSetAccess 2 MiB piece of a 32 MiB handle", median(access_us)});
       rows.push_back({"cuMemUnmap 2 MiB piece of a 32 MiB handle", median(unmap_us)});
     }
+  }
+  // The sequences mapped_pool makes, whole: a new mapping (create, map, access), an idle allocation moved
+  // by a reclaim (device wait, unmap, map elsewhere, access), and four allocations mapped back to back with
+  // one access call for all of them.
+  {
+    std::vector<double> grow_us, move_us, four_us;
+    for (int i = 0; i < 16; ++i) {
+      CUmemGenericAllocationHandle h;
+      auto s = clock_type::now();
+      check(cuMemCreate(&h, 4 * page, &prop, 0), "create");
+      check(cuMemMap(base, 4 * page, 0, h, 0), "map");
+      check(cuMemSetAccess(base, 4 * page, &access, 1), "access");
+      grow_us.push_back(micros_since(s));
+      s = clock_type::now();
+      cudaDeviceSynchronize();
+      check(cuMemUnmap(base, 4 * page), "unmap");
+      check(cuMemMap(base + 8 * page, 4 * page, 0, h, 0), "map");
+      check(cuMemSetAccess(base + 8 * page, 4 * page, &access, 1), "access");
+      move_us.push_back(micros_since(s));
+      check(cuMemUnmap(base + 8 * page, 4 * page), "unmap");
+      check(cuMemRelease(h), "release");
+      std::array<CUmemGenericAllocationHandle, 4> four{};
+      s = clock_type::now();
+      for (std::size_t k = 0; k < four.size(); ++k) {
+        check(cuMemCreate(&four[k], page, &prop, 0), "create");
+        check(cuMemMap(base + k * page, page, 0, four[k], 0), "map");
+      }
+      check(cuMemSetAccess(base, four.size() * page, &access, 1), "access over four");
+      four_us.push_back(micros_since(s));
+      for (std::size_t k = 0; k < four.size(); ++k) {
+        check(cuMemUnmap(base + k * page, page), "unmap");
+        check(cuMemRelease(four[k]), "release");
+      }
+    }
+    rows.push_back({"new 8 MiB mapping: create, map, access", median(grow_us)});
+    rows.push_back({"8 MiB allocation moved: synchronize, unmap, map, access", median(move_us)});
+    rows.push_back({"four 2 MiB allocations back to back, one access call", median(four_us)});
   }
   std::vector<double> sync_t;
   for (int i = 0; i < 100; ++i) {
