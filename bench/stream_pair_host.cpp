@@ -58,13 +58,14 @@ void bare(benchmark::State& state)
 }
 
 /// `Identified`: the stream's id known to the caller (strata::identify); `CheckCapture`: the layer asks every
-/// call whether its stream captures (off: captures announced, the plug-in's setting).
-template <class Policy, bool Identified, bool CheckCapture>
+/// call whether its stream captures (off: captures announced, the plug-in's setting); `Legacy`: the legacy
+/// default stream's handle, whose id the layer asks at every call, frees included (the trace replays' case).
+template <class Policy, bool Identified, bool CheckCapture, bool Legacy = false>
 void ordered(benchmark::State& state)
 {
   simulated_streams world;
   layered<Policy> pool{make_policy(static_cast<Policy*>(nullptr)), {.check_capture = CheckCapture}, simulated_events{world}};
-  const cuda::stream_ref stream = world.create();
+  const cuda::stream_ref stream = Legacy ? simulated_streams::legacy() : world.create();
   if constexpr (Identified) run_pairs(state, pool, world.identify(stream));
   else run_pairs(state, pool, stream);
 }
@@ -78,6 +79,8 @@ BENCHMARK(ordered<size_classes, true, true>)->Name("stream_ordered<size_class_po
 BENCHMARK(bare<mapped>)->Name("mapped_pool")->Apply(sizes);
 BENCHMARK(ordered<mapped, true, false>)->Name("stream_ordered<mapped_pool>/identified")->Apply(sizes);
 BENCHMARK(ordered<mapped, false, false>)->Name("stream_ordered<mapped_pool>/handle")->Apply(sizes);
+BENCHMARK(ordered<mapped, false, true>)->Name("stream_ordered<mapped_pool>/handle_checked")->Apply(sizes);
+BENCHMARK(ordered<mapped, false, true, true>)->Name("stream_ordered<mapped_pool>/legacy_checked")->Apply(sizes);
 
 } // namespace
 

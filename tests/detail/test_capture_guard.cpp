@@ -64,3 +64,27 @@ TEST_CASE("capture_guard: the capture mode is relaxed around a call only while a
   CHECK(moved.any());
   world.end_capture(s);
 }
+
+TEST_CASE("capture_guard: a capture query asked together with the id is filed as captures() files it")
+{
+  simulated_streams world;
+  simulated_events backend(world);
+  const auto s = world.create(), t = world.create();
+  detail::capture_guard guard;
+  const std::uint64_t capture = world.begin_capture(s);
+  const stream_query q = backend.capture_then_id(s);
+  CHECK(q.capturing);
+  CHECK(guard.saw(backend, s, q.capturing));
+  CHECK(guard.any());
+  CHECK_THROWS_AS(guard.refuse_host_wait(backend), usage_error);
+  const stream_query other = backend.capture_then_id(t);
+  CHECK_FALSE(guard.saw(backend, t, other.capturing));  // another stream not capturing: s stays known
+  CHECK(guard.any());
+  guard.forget_capture(capture);  // its id was asked when it was first seen
+  CHECK_FALSE(guard.any());
+  guard.saw(backend, s, true);
+  world.end_capture(s);
+  CHECK_FALSE(guard.saw(backend, s, backend.capture_then_id(s).capturing));  // a call on s sees it over
+  CHECK_FALSE(guard.any());
+  guard.refuse_host_wait(backend);
+}

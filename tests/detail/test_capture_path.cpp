@@ -50,6 +50,12 @@ public:
     if (*fail) throw std::runtime_error("cuStreamIsCapturing: invalid device context (injected)");
     return simulated_events::capturing(stream);
   }
+  /// Its capture query is the one that fails.
+  stream_query capture_then_id(cuda::stream_ref stream) const
+  {
+    if (capturing(stream)) return {true, 0};
+    return {false, id_of(stream)};
+  }
   std::uint64_t id_of(cuda::stream_ref stream) const
   {
     if (world_->capturing(stream)) ++*ids_asked_under_capture;

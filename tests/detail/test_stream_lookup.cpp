@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -155,6 +156,55 @@ TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_captu
   before = r.mark();
   pairs_on(r.layer, s, 100);
   CHECK(r.since(before).ids == 200);
+}
+
+TEST_CASE("stream_lookup: on a handle whose id cannot be cached, every call asks the capture query and the id once each")
+{
+  rig r;
+  const cuda::stream_ref legacy = simulated_streams::legacy();  // a default stream: a free asks its id too
+  pairs_on(r.layer, legacy, 1);
+  auto before = r.mark();
+  pairs_on(r.layer, legacy, 1000);
+  CHECK(r.since(before).ids == 2000);
+  CHECK(r.since(before).captures == 2000);
+
+  // Under capture the query answers first and the id is never asked (the world throws if it is): the
+  // allocation comes from the capture's pool and its free, on the same plain handle, goes back to it.
+  const std::uint64_t capture = r.world.begin_capture(legacy);
+  before = r.mark();
+  void* a = r.layer.allocate_async(1 << 16, 256, legacy);
+  CHECK(r.layer.pool_blocks(capture, /*automatic=*/true) == 1);
+  r.layer.deallocate_async(a, 1 << 16, 256, legacy);
+  CHECK(r.layer.private_pool_free_blocks() == 1);
+  CHECK(r.since(before).ids == 0);
+  CHECK(r.since(before).captures == 2);
+  CHECK(r.layer.allocate_async(1 << 16, 256, legacy) == a);  // the pool's own free, in the same capture
+  r.layer.deallocate_async(a, 1 << 16, 256, legacy);
+  r.world.destroy_graph(r.world.end_capture(legacy));
+  pairs_on(r.layer, legacy, 2);  // sees the capture over, collects the pool
+  CHECK(r.layer.private_pools() == 0);
+  CHECK(r.world.captured_records() == 0);
+  r.layer.release();
+  CHECK(r.layer.policy().usage().in_use == 0);
+}
+
+TEST_CASE("stream_lookup: a plain handle that names no live stream is refused on allocate and its free returned after a wait")
+{
+  rig r;
+  const cuda::stream_ref s = r.world.create(), other = r.world.create();
+  pairs_on(r.layer, other, 1);
+  void* p = r.layer.allocate_async(4096, 256, s);
+  const std::uint64_t s_id = r.world.id_of(s);
+  r.world.launch(s);  // a kernel on p, still running
+  const cuda::stream_ref bogus{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x7})};  // never a stream
+  CHECK_THROWS_AS(r.layer.allocate_async(4096, 256, bogus), std::invalid_argument);  // the lookup's own error
+  const auto syncs = r.layer.stats().device_syncs;
+  r.layer.deallocate_async(p, 4096, 256, bogus);  // nothing to order its reuse by: a device-wide wait first
+  CHECK(r.layer.stats().device_syncs == syncs + 1);
+  CHECK(r.world.completed(s_id) == r.world.enqueued(s_id));
+  CHECK(r.world.dead_stream_queries() == 0);
+  r.layer.release();
+  CHECK(r.layer.policy().usage().in_use == 0);
 }
 
 TEST_CASE("stream_lookup: a lone owner's handle reused by a new stream: the free filed as the owner's is waited for")

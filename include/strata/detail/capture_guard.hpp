@@ -48,9 +48,16 @@ public:
   template <class Backend>
   bool captures(Backend& backend, cuda::stream_ref stream)
   {
-    const bool capturing = backend.capturing(stream);
-    if (capturing) note(backend, stream);
-    else if (!seen_.empty()) std::erase_if(seen_, [stream](const seen& c) { return c.stream == stream; });
+    return saw(backend, stream, backend.capturing(stream));
+  }
+
+  /// Files what the capture query of a stream of the current call answered (`capturing`), as captures() does,
+  /// for a caller that asked it together with the stream's id; returns it.
+  template <class Backend>
+  bool saw(Backend& backend, cuda::stream_ref stream, bool capturing)
+  {
+    if (capturing) [[unlikely]] note(backend, stream);
+    else if (!seen_.empty()) [[unlikely]] forget_stream(stream);
     return capturing;
   }
 
@@ -68,8 +75,8 @@ public:
   /// Remembers a stream of the current call as capturing, with its capture's id (`known_id`, else asked now:
   /// the stream is live, and cudaStreamGetCaptureInfo is legal under capture) and the explicit pool routed to.
   template <class Backend>
-  void note(Backend& backend, cuda::stream_ref stream, const std::uint64_t* known_id = nullptr,
-            const std::uint64_t* route = nullptr) noexcept
+  [[gnu::noinline]] void note(Backend& backend, cuda::stream_ref stream, const std::uint64_t* known_id = nullptr,
+                              const std::uint64_t* route = nullptr) noexcept
   {
     auto it = std::find_if(seen_.begin(), seen_.end(), [stream](const seen& c) { return c.stream == stream; });
     if (it == seen_.end()) {
@@ -108,7 +115,7 @@ public:
   /// on: in the default (global) mode a "potentially unsafe" call from any thread (a source's cudaMalloc, an
   /// event query for an uncaptured stream) invalidates every capture going on.
   template <class Backend, class F>
-  decltype(auto) relaxed(Backend& backend, F&& f)
+  [[gnu::always_inline]] decltype(auto) relaxed(Backend& backend, F&& f)
   {
     if constexpr (requires { backend.exchange_capture_mode(2); }) {
       if (!seen_.empty()) [[unlikely]]
@@ -132,6 +139,11 @@ public:
   bool any() const noexcept { return !seen_.empty(); }
 
 private:
+  [[gnu::noinline]] void forget_stream(cuda::stream_ref stream) noexcept
+  {
+    std::erase_if(seen_, [stream](const seen& c) { return c.stream == stream; });
+  }
+
   /// Out of line, so that the common case (no capture seen) pays no guard object.
   template <class Backend, class F>
   [[gnu::noinline]] decltype(auto) relaxed_now(Backend& backend, F&& f)

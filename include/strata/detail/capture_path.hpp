@@ -83,8 +83,18 @@ protected:
   bool routed(const shape& sh, cuda::stream_ref stream, void*& out)
   {
     if (!checks_capture()) return false;
-    const bool capturing = captures(stream);
-    if (!capturing && !m().graphs.routing()) return false;
+    return routed_as(sh, stream, captures(stream), out);
+  }
+  /// routed(), the stream's capture query already asked and filed (`capturing`).
+  bool routed_as(const shape& sh, cuda::stream_ref stream, bool capturing, void*& out)
+  {
+    if (!capturing && !m().graphs.routing()) [[likely]] return false;
+    return serve_from_pool(sh, stream, capturing, out);
+  }
+
+  /// Out of line: a capturing or routed stream's allocation, served from its pool or refused.
+  [[gnu::noinline]] bool serve_from_pool(const shape& sh, cuda::stream_ref stream, bool capturing, void*& out)
+  {
     if constexpr (graph_backend<Backend>) {
       if (const std::optional<pool_target> t = target_for(stream, capturing)) {
         out = allocate_in_pool(*t, sh);

@@ -51,21 +51,25 @@ block_shape shape_for(const Policy& policy, std::size_t bytes, std::size_t align
 /// The shape of the last request filed, so that the next request of the same size and alignment (a pair's
 /// free, a loop's next allocation) is filed without asking the policy again: shape_for answers from its
 /// arguments alone (a policy's good size is a function of the request). Held with the policy it was asked of.
+/// Its fields are kept apart and read one by one: a shape is rebuilt with the call's tag, and a copy of a
+/// whole stored shape would read the tag's bytes too (stored narrower, just before, on a miss).
 struct shape_memo {
   template <class Policy>
   [[gnu::always_inline]] block_shape of(const Policy& policy, std::size_t bytes, std::size_t alignment, tag_id tag = 0) noexcept
   {
     if (bytes != bytes_ || alignment != alignment_ || !known_) [[unlikely]] learn(policy, bytes, alignment);
-    block_shape sh = last_;
-    sh.tag = tag;
-    return sh;
+    return {request_, footprint_, align_, key_, tag};
   }
 
 private:
   template <class Policy>
   [[gnu::noinline]] void learn(const Policy& policy, std::size_t bytes, std::size_t alignment) noexcept
   {
-    last_ = shape_for(policy, bytes, alignment);
+    const block_shape sh = shape_for(policy, bytes, alignment);
+    request_ = sh.request;
+    footprint_ = sh.footprint;
+    align_ = sh.align;
+    key_ = sh.key;
     bytes_ = bytes;
     alignment_ = alignment;
     known_ = true;
@@ -74,7 +78,10 @@ private:
   std::size_t bytes_ = 0;
   std::size_t alignment_ = 0;
   bool known_ = false;
-  block_shape last_{};
+  std::size_t request_ = 0;
+  std::size_t footprint_ = 0;
+  std::size_t align_ = 0;
+  std::uint64_t key_ = 0;
 };
 
 /// A bin: blocks of one key and one tag. A block of another tag never serves, or pausing its tag would

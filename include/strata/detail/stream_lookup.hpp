@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <optional>
 
 #include <strata/core/config.hpp>
 #include <strata/detail/stream_cache.hpp>
+#include <strata/stream/cuda_events.hpp>
 
 namespace strata::detail {
 
@@ -70,17 +70,73 @@ protected:
     return true;
   }
 
-  /// The id an allocation on `stream` is filed under (`known_id` when the caller knows it), or none when a
-  /// private pool served it (the block in `out`). Throws usage_error under a capture nothing can serve, and
-  /// the id lookup's error for an unknown stream.
-  std::optional<std::uint64_t> id_to_allocate(const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, void*& out)
+  /// The id an allocation on `stream` is filed under, in `id` (`known_id` when the caller knows it): true; or
+  /// false when a private pool served it (the block in `out`). Throws usage_error under a capture nothing can
+  /// serve, and the id lookup's error for an unknown stream. Inline where nothing is captured or routed.
+  bool id_to_allocate(const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, std::uint64_t& id, void*& out)
   {
-    // Before the id, even on a hit: a block handed to a capture without its pool knowing could be reused
-    // while the graph lives.
-    if (asks_capture() && l().routed(sh, stream, out)) return std::nullopt;
-    if (known_id != nullptr) return *known_id;
+    // The capture query comes before the id, even on a hit: a block handed to a capture without its pool
+    // knowing could be reused while the graph lives.
+    if constexpr (capture_then_id_backend<Backend>) {
+      if (known_id == nullptr && asks_capture()) {  // both questions in one backend call
+        auto& m_ = m();
+        const stream_query q = m_.backend.capture_then_id(stream);
+        if (q.capturing || m_.captures.any() || m_.graphs.routing()) [[unlikely]]
+          return pool_or_id(sh, stream, q, id, out);
+        id = q.id;
+        return true;
+      }
+    }
+    if (known_id != nullptr) {
+      if (asks_capture() && l().routed(sh, stream, out)) return false;
+      id = *known_id;
+      return true;
+    }
+    return id_to_allocate_asked_apart(sh, stream, id, out);
+  }
+
+  /// The id a free on `stream` is filed under, in `id`: true; or false when the free was settled here: filed
+  /// in a private pool, abandoned (under a capture, or when a capture query fails while one may go on: the
+  /// graph may use the block whenever it runs), or returned after a device-wide wait (an unknown stream).
+  bool id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, std::uint64_t& id) noexcept
+  {
+    if constexpr (capture_then_id_backend<Backend>) {
+      if (known_id == nullptr && asks_capture() && !owner_alone_on(stream)) {  // both questions in one backend call
+        auto& m_ = m();
+        stream_query q;
+        try {
+          q = m_.backend.capture_then_id(stream);
+        } catch (...) {
+          return id_to_free_asked_apart(p, sh, stream, nullptr, id);  // which of the two failed decides what is safe
+        }
+        const bool capturing = m_.captures.saw(m_.backend, stream, q.capturing);
+        if (capturing || !m_.graphs.pools().empty()) [[unlikely]]
+          return in_pools_or_id(p, sh, stream, capturing, q.id, id);
+        id = q.id;
+        return true;
+      }
+    }
+    return id_to_free_asked_apart(p, sh, stream, known_id, id);
+  }
+
+private:
+  /// An allocation whose stream captures, or while a capture may go on (a route is open, or one was seen):
+  /// files what the capture query said, then serves it from a private pool or refuses it.
+  [[gnu::noinline]] bool pool_or_id(const block_shape& sh, cuda::stream_ref stream, const stream_query& q, std::uint64_t& id, void*& out)
+  {
+    auto& m_ = m();
+    if (l().routed_as(sh, stream, m_.captures.saw(m_.backend, stream, q.capturing), out)) return false;
+    id = q.id;  // not capturing: routed_as refuses a capture it cannot serve
+    return true;
+  }
+
+  /// id_to_allocate with the capture query and the id asked one after the other.
+  [[gnu::noinline]] bool id_to_allocate_asked_apart(const block_shape& sh, cuda::stream_ref stream, std::uint64_t& id, void*& out)
+  {
+    if (asks_capture() && l().routed(sh, stream, out)) return false;
     try {
-      return m().backend.id_of(stream);
+      id = m().backend.id_of(stream);
+      return true;
     } catch (const std::exception&) {
       // A capture the query did not report (none was asked for, check_capture off) breaks the lookup: say so.
       bool capturing = false;
@@ -93,10 +149,19 @@ protected:
     }
   }
 
-  /// The id a free on `stream` is filed under, or none when the free was settled here: filed in a private
-  /// pool, abandoned (under a capture, or when a capture query fails while one may go on: the graph may use
-  /// the block whenever it runs), or returned after a device-wide wait (an unknown stream).
-  std::optional<std::uint64_t> id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
+  /// A free on a capturing stream, or while private pools exist: filed in a pool, abandoned, or given its id.
+  [[gnu::noinline]] bool in_pools_or_id(void* p, const block_shape& sh, cuda::stream_ref stream, bool capturing, std::uint64_t asked,
+                                        std::uint64_t& id) noexcept
+  {
+    if (l().free_in_pools(p, sh, stream, capturing)) return false;
+    if (capturing) return abandoned(sh);  // the graph may use the block whenever it runs
+    id = asked;
+    return true;
+  }
+
+  /// id_to_free with the capture query and the id asked one after the other, each failure handled as its own.
+  [[gnu::noinline]] bool id_to_free_asked_apart(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id,
+                                                std::uint64_t& id) noexcept
   {
     bool capturing = false;
     if (asks_capture()) {
@@ -107,19 +172,25 @@ protected:
         // No capture known: an unknown stream, which the id lookup below reports.
       }
     }
-    if ((capturing || !m().graphs.pools().empty()) && l().free_in_pools(p, sh, stream, capturing)) return std::nullopt;
+    if ((capturing || !m().graphs.pools().empty()) && l().free_in_pools(p, sh, stream, capturing)) return false;
     if (capturing) return abandoned(sh);  // asking the id would break the capture
-    if (known_id != nullptr) return *known_id;
-    if (owner_alone_on(stream)) return m().own.owner->id;
+    if (known_id != nullptr) {
+      id = *known_id;
+      return true;
+    }
+    if (owner_alone_on(stream)) {
+      id = m().own.owner->id;
+      return true;
+    }
     try {
-      return m().backend.id_of(stream);
+      id = m().backend.id_of(stream);
+      return true;
     } catch (...) {
     }
     l().return_unordered(p, sh);  // an unknown stream: nothing to order the reuse by
-    return std::nullopt;
+    return false;
   }
 
-private:
   Layer& l() noexcept { return static_cast<Layer&>(*this); }
   const Layer& l() const noexcept { return static_cast<const Layer&>(*this); }
   auto& m() noexcept { return l().m_; }
@@ -147,10 +218,10 @@ private:
            h != cudaStreamPerThread;
   }
 
-  std::optional<std::uint64_t> abandoned(const block_shape& sh) noexcept
+  bool abandoned(const block_shape& sh) noexcept
   {
     l().abandon(sh);
-    return std::nullopt;
+    return false;
   }
 };
 

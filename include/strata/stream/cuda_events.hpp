@@ -45,6 +45,22 @@ concept permanent_stream_backend = event_backend<B> && requires(B& b, const type
   b.record_on(e, s, device);
 };
 
+/// What a call asks about its stream: whether it captures and, only when it does not, its id (asking a
+/// capturing stream's id is refused by the driver and invalidates the capture). `id` is 0 when capturing.
+struct stream_query {
+  bool capturing = false;
+  std::uint64_t id = 0;
+};
+
+/// A backend that answers both of a call's questions at once, detected with `requires`:
+/// `capture_then_id(s)` is `capturing(s)` and then, for a stream not capturing, `id_of(s)`, with their
+/// errors. stream_ordered asks it where a call needs both; a backend with a cheaper way to answer both (one
+/// lookup of the stream) saves the second.
+template <class B>
+concept capture_then_id_backend = event_backend<B> && requires(B& b, cuda::stream_ref s) {
+  { b.capture_then_id(s) } -> std::same_as<stream_query>;
+};
+
 /// What a stream's capture query says: whether it captures, the capture's id (unique over the process's
 /// lifetime, shared by every stream joined to the capture) and the graph being built (valid while it captures).
 struct capture_info {
@@ -169,6 +185,13 @@ struct cuda_events {
     return status != cudaStreamCaptureStatusNone;
   }
 
+  /// Two driver calls, in the order the driver requires: the capture query, then (not capturing) the id.
+  stream_query capture_then_id(cuda::stream_ref stream) const
+  {
+    if (capturing(stream)) return {true, 0};
+    return {false, id_of(stream)};
+  }
+
   /// cudaStreamGetCaptureInfo: legal on a capturing stream (unlike asking its id).
   capture_info capture_of(cuda::stream_ref stream) const
   {
@@ -209,6 +232,7 @@ struct cuda_events {
 static_assert(event_backend<cuda_events>);
 static_assert(graph_backend<cuda_events>);
 static_assert(permanent_stream_backend<cuda_events>);
+static_assert(capture_then_id_backend<cuda_events>);
 
 } // namespace STRATA_DEFAULT_STREAM_MODE
 

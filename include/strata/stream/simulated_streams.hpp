@@ -45,8 +45,7 @@ public:
 
   simulated_streams()
   {
-    streams_[legacy_id] = {};
-    streams_[per_thread_id] = {};
+    streams_.resize(2);  // legacy_id, per_thread_id
     per_thread_ids_[std::this_thread::get_id()] = per_thread_id;
   }
 
@@ -60,9 +59,8 @@ public:
     } else {
       handle = next_handle_ += 0x100;
     }
-    const std::uint64_t id = next_id_++;
+    const std::uint64_t id = new_stream();
     handles_[handle] = id;
-    streams_[id] = {};
     streams_[id].device = device;
     return cuda::stream_ref{reinterpret_cast<cudaStream_t>(handle)};
   }
@@ -83,12 +81,7 @@ public:
     if (handle == 0 || stream.get() == cudaStreamLegacy) return legacy_id;
     if (stream.get() == cudaStreamPerThread) return per_thread_stream_of(std::this_thread::get_id());
     const auto it = handles_.find(handle);
-    if (it == handles_.end() && std::find(free_handles_.begin(), free_handles_.end(), handle) != free_handles_.end()) {
-      ++dead_stream_queries_;  // counted: the layer may swallow the exception, a test must not
-      throw illegal_call("simulated_streams: a destroyed stream was asked about (undefined in CUDA: it crashes)");
-    }
-    if (it == handles_.end())
-      throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
+    if (it == handles_.end()) [[unlikely]] refuse_handle(handle);
     return it->second;
   }
 
@@ -110,12 +103,12 @@ public:
   }
   void finish_all()
   {
-    for (auto& [id, s] : streams_) s.completed = s.enqueued;
+    for (auto& s : streams_) s.completed = s.enqueued;
   }
   /// Completes the work of every stream of one device (what cudaDeviceSynchronize waits for).
   void finish_device(int device)
   {
-    for (auto& [id, s] : streams_)
+    for (auto& s : streams_)
       if (s.device == device) s.completed = s.enqueued;
   }
 
@@ -138,8 +131,9 @@ public:
   /// Joins `stream` to the capture of `capturing` (what an event recorded there and waited for here does).
   void join_capture(cuda::stream_ref stream, cuda::stream_ref capturing)
   {
-    const stream_state& from = streams_.at(id_of(capturing));
-    stream_state& s = streams_.at(id_of(stream));
+    const std::uint64_t from_id = id_of(capturing), id = id_of(stream);  // ids first: a new stream moves the states
+    const stream_state& from = streams_.at(from_id);
+    stream_state& s = streams_.at(id);
     s.capturing = true;
     s.capture = from.capture;
     s.capture_mode = from.capture_mode;
@@ -150,7 +144,7 @@ public:
     stream_state& origin = streams_.at(id_of(stream));
     if (!origin.capturing) throw illegal_call("simulated_streams: end_capture on a stream not capturing");
     const capture_info ended = origin.capture;
-    for (auto& [id, s] : streams_)
+    for (auto& s : streams_)
       if (s.capturing && s.capture.id == ended.id) {
         s.capturing = false;
         s.capture = {};
@@ -170,8 +164,19 @@ public:
   std::uint64_t query_id(cuda::stream_ref stream) const
   {
     ++id_queries_;
-    if (capturing(stream)) throw illegal_call("simulated_streams: the id of a capturing stream was asked");
-    return id_of(stream);
+    const std::uint64_t id = id_of(stream);
+    if (streams_.at(id).capturing) throw illegal_call("simulated_streams: the id of a capturing stream was asked");
+    return id;
+  }
+  /// The capture query, then, for a stream not capturing, its id (id 0, not asked, for a capturing one):
+  /// counted as the two driver calls they are on a real GPU.
+  stream_query query_capture_then_id(cuda::stream_ref stream) const
+  {
+    ++capture_queries_;
+    const std::uint64_t id = id_of(stream);
+    if (streams_.at(id).capturing) return {true, 0};
+    ++id_queries_;
+    return {false, id};
   }
   std::uint64_t id_queries() const noexcept { return id_queries_; }
   capture_info capture_of(cuda::stream_ref stream) const { return streams_.at(id_of(stream)).capture; }
@@ -234,7 +239,7 @@ public:
   void unsafe_call(const char* call) const
   {
     if (thread_mode_ == 2) return;
-    for (const auto& [id, s] : streams_)
+    for (const auto& s : streams_)
       if (s.capturing && s.capture_mode != 2)
         throw illegal_call(std::string("simulated_streams: ") + call + " while a stream captures (capture mode " +
                            std::to_string(s.capture_mode) + ", thread mode " + std::to_string(thread_mode_) + ")");
@@ -374,6 +379,15 @@ private:
     for (const auto& [fn, arg] : callbacks) fn(arg);  // CUDA runs them on its own thread, later; here, now
   }
 
+  [[noreturn, gnu::noinline]] void refuse_handle(std::uintptr_t handle) const
+  {
+    if (std::find(free_handles_.begin(), free_handles_.end(), handle) != free_handles_.end()) {
+      ++dead_stream_queries_;  // counted: the layer may swallow the exception, a test must not
+      throw illegal_call("simulated_streams: a destroyed stream was asked about (undefined in CUDA: it crashes)");
+    }
+    throw std::invalid_argument("simulated_streams: stream handle " + std::to_string(handle) + " is not a live stream");
+  }
+
   static void refuse_captured(const event_state& ev, const char* call)
   {
     if (ev.captured)
@@ -383,7 +397,7 @@ private:
   void refuse_under_capture(const char* call) const
   {
     if (fail_waits_) throw std::runtime_error(std::string("simulated_streams: ") + call + " failed (sticky error)");
-    for (const auto& [id, s] : streams_)
+    for (const auto& s : streams_)
       if (s.capturing) throw illegal_call(std::string("simulated_streams: ") + call + " while a stream captures");
   }
   static constexpr std::uint64_t legacy_id = 0, per_thread_id = 1;
@@ -398,14 +412,20 @@ private:
   std::uint64_t per_thread_stream_of(std::thread::id thread) const
   {
     const auto [it, fresh] = per_thread_ids_.emplace(thread, 0);
-    if (fresh) {
-      it->second = next_id_++;
-      streams_[it->second] = {};
-    }
+    if (fresh) it->second = new_stream();
     return it->second;
   }
 
-  mutable std::map<std::uint64_t, stream_state> streams_;
+  /// A new stream's state; its id is its index (ids are dense and never reused).
+  std::uint64_t new_stream() const
+  {
+    streams_.emplace_back();
+    return next_id_++;
+  }
+
+  /// By id. A new stream (create, or a thread's first use of its default stream, inside id_of) may move the
+  /// others' states: a reference to one is taken only once every id the call needs is known.
+  mutable std::vector<stream_state> streams_;
   mutable std::map<std::thread::id, std::uint64_t> per_thread_ids_;
   bool fail_waits_ = false;
   std::map<std::uintptr_t, std::uint64_t> handles_;
@@ -463,6 +483,8 @@ public:
   void wait_device(int device) { world_->wait_device(device); }
   int device_of(cuda::stream_ref stream) const { return world_->device_of(stream); }
   bool capturing(cuda::stream_ref stream) const { return world_->query_capture(stream); }
+  /// Both of a call's questions in one: the capture query first, as the driver requires.
+  stream_query capture_then_id(cuda::stream_ref stream) const { return world_->query_capture_then_id(stream); }
   capture_info capture_of(cuda::stream_ref stream) const { return world_->capture_of(stream); }
   void call_when_graph_destroyed(void* graph, graph_release_fn fn, void* arg) { world_->call_when_graph_destroyed(graph, fn, arg); }
   int exchange_capture_mode(int mode) noexcept { return world_->exchange_capture_mode(mode); }
@@ -471,6 +493,7 @@ private:
   simulated_streams* world_;
 };
 
-static_assert(event_backend<simulated_events> && graph_backend<simulated_events> && permanent_stream_backend<simulated_events>);
+static_assert(event_backend<simulated_events> && graph_backend<simulated_events> && permanent_stream_backend<simulated_events> &&
+              capture_then_id_backend<simulated_events>);
 
 } // namespace strata

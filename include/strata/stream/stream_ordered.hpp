@@ -343,8 +343,9 @@ private:
     if (bytes > largest_cached || detail::tag_sleeps(m_.policy, tag)) return m_.policy.allocate(bytes, alignment);  // fails there
     const shape sh = shape_of(bytes, alignment, tag);
     void* pooled = nullptr;  // a block handed to a capture without its pool knowing could be reused while the graph lives
-    const std::optional<std::uint64_t> id = this->id_to_allocate(sh, stream, known_id, pooled);
-    return id ? allocate_on(sh, stream, *id, /*for_host=*/false, /*capture_checked=*/true) : pooled;
+    std::uint64_t id = 0;
+    if (!this->id_to_allocate(sh, stream, known_id, id, pooled)) return pooled;
+    return allocate_on(sh, stream, id, /*for_host=*/false, /*capture_checked=*/true);
   }
 
   /// A free on `stream`, whose id is `known_id` when the caller knows it.
@@ -353,7 +354,7 @@ private:
     if (p == nullptr || this->free_alone(p, bytes, alignment, stream, known_id)) return;
     this->collect_released_pools_noexcept();
     const shape sh = shape_of(bytes, alignment);
-    if (const std::optional<std::uint64_t> id = this->id_to_free(p, sh, stream, known_id)) deallocate_on(p, sh, stream, *id);
+    if (std::uint64_t id = 0; this->id_to_free(p, sh, stream, known_id, id)) deallocate_on(p, sh, stream, id);
   }
 
   /// `for_host`: the block must be ready for the host and every stream when this returns (the synchronous
