@@ -136,6 +136,7 @@ TEST_CASE("page_mappings: a failed access call unmaps and releases every allocat
   CHECK(device.bytes_alive() == page);
   CHECK(device.bytes_mapped() == page);
   CHECK(device.counts().releases == 4);
+  CHECK(t.peak_physical() == 5 * page);  // the stretch that got access counted; the one refused did not
   CHECK(pieces(t, 0, 8) == std::vector<seen>{{0, 3, false}, {4, 4, true}, {5, 8, false}});
   t.map_unmapped(r, 0, 8, 8 * page, 2, [] {});  // the same request succeeds once the device does
   CHECK(device.is_usable(t.address_of(r, 0), 9 * page));

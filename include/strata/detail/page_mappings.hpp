@@ -132,8 +132,9 @@ public:
 
   /// One physical allocation per run of unmapped pages in [first, last] (`needed` bytes in all, runs split at
   /// `max_run` pages); all or none. Access is set once per stretch of runs that follow one another (a gap
-  /// longer than `max_run`), not per allocation: the driver charges per call. `mapped()` is called after each
-  /// allocation made.
+  /// longer than `max_run`), not per allocation: the driver charges per call. `mapped()` is called once per
+  /// allocation made, when its access is set (a failed access call leaves the peak and the caller's mark as
+  /// they were).
   template <class Mapped>
   void map_unmapped(range& r, std::size_t first, std::size_t last, std::size_t needed, std::size_t max_run, Mapped&& mapped)
   {
@@ -146,16 +147,15 @@ public:
       for (std::size_t p = first; p <= last;) {
         const piece pc = piece_at(r, p, last);  // looked up again: each mapping made adds a run
         if (pc.slot != no_mapping) {
-          grant_access(r, made, usable);
+          grant_access(r, made, usable, mapped);
           p = pc.last + 1;
           continue;
         }
         const std::size_t run = std::min(pc.last - p + 1, max_run);
         made.push_back(map_one(r, p, run));
-        mapped();
         p += run;
       }
-      grant_access(r, made, usable);
+      grant_access(r, made, usable, mapped);
     } catch (...) {
       for (std::size_t i = made.size(); i-- > 0;) {
         if (i < usable) drop_mapping(made[i]);
@@ -260,18 +260,20 @@ protected:
     set_mapping(r, first, count, slot);
     add_run(r, first, count);
     s_.physical += bytes;
-    s_.peak_physical = std::max(s_.peak_physical, s_.physical);
     return slot;
   }
 
-  /// Sets access, in one call, over the mappings made[from..], which lie back to back; then they are usable.
-  void grant_access(const range& r, const std::vector<std::uint32_t>& made, std::size_t& from)
+  /// Sets access, in one call, over the mappings made[from..], which lie back to back; then they are usable,
+  /// count toward the peak, and `mapped()` is told of each.
+  template <class Mapped>
+  void grant_access(const range& r, const std::vector<std::uint32_t>& made, std::size_t& from, Mapped& mapped)
   {
     if (from == made.size()) return;
     const mapping& front = s_.mappings[made[from]];
     const mapping& back = s_.mappings[made.back()];
     backend_.set_access(address_of(r, front.first), (back.first + back.count - front.first) * page_size());
-    from = made.size();
+    s_.peak_physical = std::max(s_.peak_physical, s_.physical);
+    for (; from < made.size(); ++from) mapped();
   }
 
   /// Unmaps and releases a mapping whose access was never set. Where the driver keeps it mapped, the
