@@ -123,3 +123,24 @@ TEST_CASE("simulated_pages pins plain host memory, counted, and refuses pins and
   pages.unpin(p, 1000);
   CHECK(pages.pinned_bytes() == 0);
 }
+
+TEST_CASE("simulated_pages: one access call may cover allocations mapped back to back, never a hole between them")
+{
+  simulated_pages pages;
+  const std::uintptr_t base = pages.reserve(16 * page, std::size_t{1} << 30);
+  const auto a = pages.create(2 * page), b = pages.create(page), c = pages.create(page);
+  pages.map(base, a, 2 * page);
+  pages.map(base + 2 * page, b, page);
+  pages.map(base + 4 * page, c, page);  // page 3 left unmapped
+  CHECK_THROWS_AS(pages.set_access(base, 5 * page), std::logic_error);
+  CHECK_FALSE(pages.is_usable(base, page));  // the refused call granted nothing
+  pages.set_access(base, 3 * page);
+  CHECK(pages.is_usable(base, 3 * page));
+  CHECK_FALSE(pages.is_usable(base + 4 * page, page));
+  CHECK(pages.counts().access_calls == 1);
+  pages.unmap(base, 2 * page);
+  pages.unmap(base + 2 * page, page);
+  pages.unmap(base + 4 * page, page);
+  for (const auto p : {a, b, c}) pages.destroy(p);
+  CHECK(pages.bytes_alive() == 0);
+}
