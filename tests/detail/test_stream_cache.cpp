@@ -163,6 +163,22 @@ TEST_CASE("stream_cache: a shape asks the policy's good size once when it is the
   CHECK(plain.footprint == 1024);
 }
 
+TEST_CASE("stream_cache: the shape memo remembers several sizes at once, so interleaved requests ask the policy once each")
+{
+  sized_stub<power_of_two> classes;
+  detail::shape_memo memo;
+  const std::size_t sizes[] = {256, 512, 1000, 2048, 8192, 131072};  // a few tensor sizes, in slots of their own
+  std::uint64_t keys[6] = {};
+  for (int i = 0; i < 6; ++i) keys[i] = memo.of(classes, sizes[i], 256).key;
+  const auto asked = classes.asked;
+  CHECK(asked >= 6);
+  for (int round = 0; round < 10; ++round)
+    for (int i = 0; i < 6; ++i) CHECK(memo.of(classes, sizes[i], 256, static_cast<tag_id>(round)).key == keys[i]);
+  CHECK(classes.asked == asked);  // alloc, free, alloc of other sizes in between: none asked again
+  CHECK(memo.of(classes, 1000, 512).align == 512);  // another alignment in a size's slot: asked, then kept
+  CHECK(classes.asked > asked);
+}
+
 TEST_CASE("stream_cache: the shape memo asks the policy again only for another size or alignment, and never keeps a tag")
 {
   sized_stub<power_of_two> classes;

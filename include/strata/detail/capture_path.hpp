@@ -39,7 +39,7 @@ protected:
   /// still capture: in the default (global) mode a "potentially unsafe" call from any thread (a source's
   /// cudaMalloc, an event query for an uncaptured stream) invalidates every capture going on.
   template <class F>
-  decltype(auto) relaxed_while_capturing(F&& f)
+  [[gnu::always_inline]] decltype(auto) relaxed_while_capturing(F&& f)
   {
     return m().captures.relaxed(m().backend, std::forward<F>(f));
   }

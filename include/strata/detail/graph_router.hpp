@@ -87,9 +87,15 @@ public:
   /// Releases, through `release(pool&)`, the pools whose graphs CUDA reported destroyed; `ended(id)` is told
   /// each capture id first (its capture has ended).
   template <class Ended, class Release>
-  void collect_released(Ended&& ended, Release&& release)
+  [[gnu::always_inline]] void collect_released(Ended&& ended, Release&& release)
   {
-    if (!inbox_ || !inbox_->any()) return;
+    if (inbox_ && inbox_->any()) [[unlikely]] collect_posted(ended, release);
+  }
+
+private:
+  template <class Ended, class Release>
+  [[gnu::noinline]] void collect_posted(Ended& ended, Release& release)
+  {
     for (std::uint64_t id = 0; inbox_->front(id); inbox_->pop()) {
       // The graph is gone: its id is posted once, and never watched again (capture ids are not reused).
       if (const auto w = std::find(watched_.begin(), watched_.end(), id); w != watched_.end()) {
@@ -101,6 +107,7 @@ public:
     }
   }
 
+public:
   /// Makes room for one more route, so that add_route cannot throw.
   void reserve_route() { routes_.reserve(routes_.size() + 1); }
   void add_route(std::uint64_t pool_id, std::function<bool(cudaStream_t)> filter) noexcept

@@ -48,40 +48,45 @@ block_shape shape_for(const Policy& policy, std::size_t bytes, std::size_t align
   return {request, footprint, align, (std::uint64_t{request} << 6) | static_cast<std::uint64_t>(std::countr_zero(align)), tag};
 }
 
-/// The shape of the last request filed, so that the next request of the same size and alignment (a pair's
-/// free, a loop's next allocation) is filed without asking the policy again: shape_for answers from its
-/// arguments alone (a policy's good size is a function of the request). Held with the policy it was asked of.
-/// Its fields are kept apart and read one by one: a shape is rebuilt with the call's tag, and a copy of a
-/// whole stored shape would read the tag's bytes too (stored narrower, just before, on a miss).
+/// The shapes of recent requests, so that a request of a size and alignment seen lately (a pair's free, a
+/// loop's next allocation, a model's few tensor sizes) is filed without asking the policy again: shape_for
+/// answers from its arguments alone (a policy's good size is a function of the request). Direct-mapped by
+/// size: a collision only asks the policy again. Held with the policy it was asked of. Cost: a multiply and
+/// two comparisons; a miss, shape_for.
 struct shape_memo {
   template <class Policy>
   [[gnu::always_inline]] block_shape of(const Policy& policy, std::size_t bytes, std::size_t alignment, tag_id tag = 0) noexcept
   {
-    if (bytes != bytes_ || alignment != alignment_ || !known_) [[unlikely]] learn(policy, bytes, alignment);
-    return {request_, footprint_, align_, key_, tag};
+    entry& e = slots_[slot(bytes)];
+    if (bytes != e.bytes || alignment != e.alignment || !e.known) [[unlikely]] learn(e, policy, bytes, alignment);
+    return {e.request, e.footprint, e.align, e.key, tag};
   }
 
 private:
-  template <class Policy>
-  [[gnu::noinline]] void learn(const Policy& policy, std::size_t bytes, std::size_t alignment) noexcept
+  struct entry {
+    std::size_t bytes = 0;
+    std::size_t alignment = 0;
+    std::size_t request = 0;
+    std::size_t footprint = 0;
+    std::size_t align = 0;
+    std::uint64_t key = 0;
+    bool known = false;
+  };
+  static constexpr unsigned slot_bits = 4;
+
+  static std::size_t slot(std::size_t bytes) noexcept
   {
-    const block_shape sh = shape_for(policy, bytes, alignment);
-    request_ = sh.request;
-    footprint_ = sh.footprint;
-    align_ = sh.align;
-    key_ = sh.key;
-    bytes_ = bytes;
-    alignment_ = alignment;
-    known_ = true;
+    return static_cast<std::size_t>((std::uint64_t{bytes} * 0x9E3779B97F4A7C15u) >> (64 - slot_bits));
   }
 
-  std::size_t bytes_ = 0;
-  std::size_t alignment_ = 0;
-  bool known_ = false;
-  std::size_t request_ = 0;
-  std::size_t footprint_ = 0;
-  std::size_t align_ = 0;
-  std::uint64_t key_ = 0;
+  template <class Policy>
+  [[gnu::noinline]] static void learn(entry& e, const Policy& policy, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    const block_shape sh = shape_for(policy, bytes, alignment);
+    e = {bytes, alignment, sh.request, sh.footprint, sh.align, sh.key, true};
+  }
+
+  entry slots_[std::size_t{1} << slot_bits]{};
 };
 
 /// A bin: blocks of one key and one tag. A block of another tag never serves, or pausing its tag would

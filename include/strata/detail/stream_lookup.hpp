@@ -44,14 +44,22 @@ protected:
     auto& m_ = m();
     if (!quiet() || bytes == 0 || bytes > Layer::largest_cached) return nullptr;
     if (known_id == nullptr) known_id = &(looked_up = m_.backend.id_of(stream));  // no capture to break: quiet
-    auto* const o = m_.own.owner;
-    if (o == nullptr || o->id != *known_id || m_.own.shared || m_.cache.blocks() != 0 || m_.ledger.pending() != 0 ||
-        !m_.deferred.blocks.empty())
-      return nullptr;
-    o->handle = stream;
+    if (!alone_with(*known_id)) return nullptr;
+    m_.own.owner->handle = stream;
     const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
     ++m_.stats.misses;
     return m_.policy.allocate(sh.request, sh.align);
+  }
+
+  /// Whether stream `id` is the owner alone with the policy: no other stream has used the layer, nothing is
+  /// cached, pending or set aside. Its allocation then has nothing to reuse, reap or order after: the policy
+  /// serves it, as it would without the layer.
+  bool alone_with(std::uint64_t id) const noexcept
+  {
+    const auto& m_ = l().m_;
+    const auto* const o = m_.own.owner;
+    return o != nullptr && o->id == id && !m_.own.shared && m_.cache.blocks() == 0 && m_.ledger.pending() == 0 &&
+           m_.deferred.blocks.empty();
   }
 
   /// A free by the owner alone (as allocate_alone, and on a plain handle only the handle the owner was last

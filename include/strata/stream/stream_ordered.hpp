@@ -345,6 +345,11 @@ private:
     void* pooled = nullptr;  // a block handed to a capture without its pool knowing could be reused while the graph lives
     std::uint64_t id = 0;
     if (!this->id_to_allocate(sh, stream, known_id, id, pooled)) return pooled;
+    if (this->alone_with(id)) [[likely]] {  // the capture query answered: the lone owner's short path
+      m_.own.owner->handle = stream;
+      ++m_.stats.misses;
+      return this->grow_policy(sh);
+    }
     return allocate_on(sh, stream, id, /*for_host=*/false, /*capture_checked=*/true);
   }
 
