@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -205,6 +206,26 @@ TEST_CASE("stream_lookup: a plain handle that names no live stream is refused on
   CHECK(r.world.dead_stream_queries() == 0);
   r.layer.release();
   CHECK(r.layer.policy().usage().in_use == 0);
+}
+
+/// simulated_events with its capture query redefined (counted here): the base's joint answer would skip it.
+struct recounted_events : simulated_events {
+  using simulated_events::simulated_events;
+  bool capturing(cuda::stream_ref s) const { return ++*asked, simulated_events::capturing(s); }
+  std::shared_ptr<int> asked = std::make_shared<int>(0);
+};
+static_assert(capture_then_id_backend<simulated_events> && capture_then_id_backend<cuda_events>);
+static_assert(!capture_then_id_backend<recounted_events>);  // asked apart: its own capturing() is heard
+
+TEST_CASE("stream_lookup: a backend that redefines a question it inherits a joint answer for is asked apart")
+{
+  simulated_streams world;
+  stream_ordered<pool_t, recounted_events> layer(
+      pool_t{simulated_source(std::size_t{64} << 20), {.initial_chunk = 1 << 20, .max_chunk = 4 << 20}}, {}, recounted_events(world));
+  pairs_on(layer, simulated_streams::legacy(), 10);
+  CHECK(*layer.backend().asked == 20);  // every call's capture query went through it
+  CHECK(world.id_queries() == 20);
+  layer.release();
 }
 
 TEST_CASE("stream_lookup: a lone owner's handle reused by a new stream: the free filed as the owner's is waited for")

@@ -20,11 +20,14 @@ namespace strata::detail {
 /// - Otherwise, with options::check_capture, every call asks the capture query: the only way to find a capture
 ///   nobody announced. Without it (captures announced with begin_allocate_to_pool, as PyTorch does) an
 ///   identified_stream needs no call at all.
-/// - A plain handle costs the id lookup besides. One id is cached, safely: a free on the handle the owner
-///   was last seen with, while no other stream has used the layer (owner_alone_on).
+/// - A plain handle costs the id lookup besides, asked with the capture query in one backend call where the
+///   backend can (capture_then_id_backend: the capture query still first, no id for a capturing stream). One
+///   id is cached, safely: a free on the handle the owner was last seen with, while no other stream has used
+///   the layer (owner_alone_on).
 /// - The owner alone with the policy, with nothing to ask about captures or pools (quiet), needs nothing else
 ///   either: its allocate and free go straight to the policy (allocate_alone, free_alone), as one stream's
-///   calls would without the layer.
+///   calls would without the layer. Asked about captures, its allocation goes straight to the policy once
+///   the query answers (alone_with).
 /// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
 /// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
 /// stream's blocks. Models nothing; holds nothing. Cost: while no capture may be under way, an identified
@@ -108,21 +111,33 @@ protected:
   /// graph may use the block whenever it runs), or returned after a device-wide wait (an unknown stream).
   bool id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, std::uint64_t& id) noexcept
   {
-    if constexpr (capture_then_id_backend<Backend>) {
-      if (known_id == nullptr && asks_capture() && !owner_alone_on(stream)) {  // both questions in one backend call
-        auto& m_ = m();
-        stream_query q;
-        try {
-          q = m_.backend.capture_then_id(stream);
-        } catch (...) {
-          return id_to_free_asked_apart(p, sh, stream, nullptr, id);  // which of the two failed decides what is safe
-        }
-        const bool capturing = m_.captures.saw(m_.backend, stream, q.capturing);
-        if (capturing || !m_.graphs.pools().empty()) [[unlikely]]
-          return in_pools_or_id(p, sh, stream, capturing, q.id, id);
-        id = q.id;
-        return true;
+    if (!asks_capture()) return id_to_free_asked_apart(p, sh, stream, known_id, id);
+    if (known_id != nullptr || owner_alone_on(stream)) {  // the id known without asking: the capture query alone
+      bool capturing = false;
+      try {
+        capturing = l().captures(stream);
+      } catch (...) {
+        return id_to_free_asked_apart(p, sh, stream, known_id, id);  // what a failed query allows is decided there
       }
+      const std::uint64_t known = known_id != nullptr ? *known_id : m().own.owner->id;
+      if (capturing || !m().graphs.pools().empty()) [[unlikely]]
+        return in_pools_or_id(p, sh, stream, capturing, known, id);
+      id = known;
+      return true;
+    }
+    if constexpr (capture_then_id_backend<Backend>) {  // both questions in one backend call
+      auto& m_ = m();
+      stream_query q;
+      try {
+        q = m_.backend.capture_then_id(stream);
+      } catch (...) {
+        return id_to_free_asked_apart(p, sh, stream, nullptr, id);  // which of the two failed decides what is safe
+      }
+      const bool capturing = m_.captures.saw(m_.backend, stream, q.capturing);
+      if (capturing || !m_.graphs.pools().empty()) [[unlikely]]
+        return in_pools_or_id(p, sh, stream, capturing, q.id, id);
+      id = q.id;
+      return true;
     }
     return id_to_free_asked_apart(p, sh, stream, known_id, id);
   }

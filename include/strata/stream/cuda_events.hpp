@@ -52,12 +52,32 @@ struct stream_query {
   std::uint64_t id = 0;
 };
 
-/// A backend that answers both of a call's questions at once, detected with `requires`:
-/// `capture_then_id(s)` is `capturing(s)` and then, for a stream not capturing, `id_of(s)`, with their
-/// errors. stream_ordered asks it where a call needs both; a backend with a cheaper way to answer both (one
-/// lookup of the stream) saves the second.
+namespace detail {
+template <class M>
+struct member_class_of;
+template <class R, class C>
+struct member_class_of<R C::*> {
+  using type = C;
+};
+/// Whether B's capture_then_id, capturing and id_of are declared by one class: a backend derived from one
+/// that redefines either question (to count or fail it) must not be answered by the base's pair.
+template <auto Member>
+using declaring_class = typename member_class_of<decltype(Member)>::type;
 template <class B>
-concept capture_then_id_backend = event_backend<B> && requires(B& b, cuda::stream_ref s) {
+concept declares_query_pair = requires {
+  &B::capture_then_id;
+  &B::capturing;
+  &B::id_of;
+} && std::same_as<declaring_class<&B::capture_then_id>, declaring_class<&B::capturing>> &&
+                              std::same_as<declaring_class<&B::capture_then_id>, declaring_class<&B::id_of>>;
+} // namespace detail
+
+/// A backend that answers both of a call's questions in one call, detected with `requires`:
+/// `capture_then_id(s)` is `capturing(s)` and then, for a stream not capturing, `id_of(s)`, with their
+/// errors, declared by the class that declares those two. stream_ordered asks it where a call needs both; a
+/// backend with one lookup of the stream for both saves the second.
+template <class B>
+concept capture_then_id_backend = event_backend<B> && detail::declares_query_pair<B> && requires(B& b, cuda::stream_ref s) {
   { b.capture_then_id(s) } -> std::same_as<stream_query>;
 };
 

@@ -156,7 +156,7 @@ public:
   bool query_capture(cuda::stream_ref stream) const
   {
     ++capture_queries_;
-    return capturing(stream);
+    return streams_.at(legacy_handle(stream) ? legacy_id : id_of(stream)).capturing;
   }
   std::uint64_t capture_queries() const noexcept { return capture_queries_; }
   /// The layer asking a stream's id (counted: a driver call each on a real GPU). Illegal on a capturing stream:
@@ -173,7 +173,7 @@ public:
   stream_query query_capture_then_id(cuda::stream_ref stream) const
   {
     ++capture_queries_;
-    const std::uint64_t id = id_of(stream);
+    const std::uint64_t id = legacy_handle(stream) ? legacy_id : id_of(stream);  // the legacy stream inline
     if (streams_.at(id).capturing) return {true, 0};
     ++id_queries_;
     return {false, id};
@@ -377,6 +377,11 @@ private:
     const auto callbacks = std::move(g.callbacks);
     graphs_.erase(graph);
     for (const auto& [fn, arg] : callbacks) fn(arg);  // CUDA runs them on its own thread, later; here, now
+  }
+
+  static bool legacy_handle(cuda::stream_ref stream) noexcept
+  {
+    return stream.get() == nullptr || stream.get() == cudaStreamLegacy;
   }
 
   [[noreturn, gnu::noinline]] void refuse_handle(std::uintptr_t handle) const

@@ -53,7 +53,8 @@ namespace strata {
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
 /// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons, plus
 /// the stream's lookup (detail::stream_lookup): with `check_capture` a capture query (none without it, when
-/// captures are announced); for a plain handle the id lookup besides; a capture query for every stream
+/// captures are announced); for a plain handle the id lookup besides (both in one backend call where the
+/// backend answers them together: capture_then_id_backend); a capture query for every stream
 /// while a capture is announced or seen. On another stream, a cached allocate or free is a
 /// hash lookup, O(1), plus a tag check for a tagging policy; a miss costs the policy's allocate, an event
 /// query per pending event and at most one event record and cudaStreamWaitEvent per batch of frees.
