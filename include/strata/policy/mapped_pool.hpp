@@ -49,15 +49,12 @@ namespace strata {
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
-/// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus a loop over the mappings the
-/// block touches (never its pages: page state is kept by runs) and a bounded placement search, each candidate
-/// O(mappings it covers + log mappings); a new mapping three driver calls (two where it takes, at its size,
-/// an allocation the reclaim before it unmapped, instead of releasing that one and creating another), a
-/// relocation two; the host waits for the device only in a reclaim (once for a batch of mappings), in
-/// release() (once for all tags), when stale ranges pass `stale_address_limit`, in pause (once per call, plus
-/// the copies), in resume (the copies), and when the pool goes. A
-/// free of a tagged block costs a lookup per tag in use. Unsynchronized. Move-only; ranges are reserved on
-/// first use.
+/// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus the mappings the block touches
+/// (never its pages) and a bounded placement search; a free of a tagged block a lookup per tag in use. A new
+/// mapping is three driver calls (two when it reuses an allocation the reclaim before it unmapped), a
+/// relocation two. The host waits for the device in a reclaim (once per batch), release() (once for all tags),
+/// past `stale_address_limit`, pause (once per call, plus the copies), resume (the copies) and destruction.
+/// Unsynchronized. Move-only; ranges are reserved on first use.
 template <page_backend Backend>
 class mapped_pool : public forward_properties<mapped_pool<Backend>, Backend>, public sync_names<mapped_pool<Backend>> {
   using core = detail::mapped_core<detail::borrowed_pages<Backend>>;
@@ -411,8 +408,7 @@ private:
   {
     core& c = running_core(tag, "pause");
     if (tags_.size() <= tag) tags_.resize(tag + 1);
-    auto sleeping = detail::copy_out(c, backend_, backup_, backup);
-    tags_[tag].sleep = std::move(sleeping);
+    tags_[tag].sleep = detail::copy_out(c, backend_, backup_, backup);
     for (const auto& b : tags_[tag].sleep->blocks) (void)c.take_back(reinterpret_cast<void*>(b.first));
     covered_waits covered(c);  // pause's wait, and the copies' since: nothing else was queued on this memory
     (void)c.release();
