@@ -12,6 +12,10 @@ PYTORCH = {
     "bert_train_varlen": (1.466, 1.093),
     "llama_generate": (1.150, 1.117),
     "vit_train_2streams": (1.082, 1.033),
+    "gpt2_generate_b1": (1.046, 1.050),
+    "gpt2_generate_mixed": (1.161, 1.109),
+    "qwen2_generate_mixed": (1.089, 1.085),
+    "gpt2_beam4": (1.157, 1.167),
 }
 
 
