@@ -65,7 +65,10 @@ def run_workload(name, trace_path):
     torch.cuda.synchronize()
     figures = {"workload": name, "allocator": "expandable" if "expandable_segments:True" in os.environ.get(
         "PYTORCH_CUDA_ALLOC_CONF", "") else "default", "peak_reserved": torch.cuda.max_memory_reserved(),
-               "peak_allocated": torch.cuda.max_memory_allocated()}
+               "peak_allocated": torch.cuda.max_memory_allocated(),
+               "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}
+    if figures["alloc_retries"]:  # the cache was flushed under memory pressure: the peaks are not the workload's
+        sys.exit(f"{name}: {figures['alloc_retries']} allocation retries (the device ran short); run it alone")
     if trace_path:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)

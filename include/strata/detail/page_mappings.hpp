@@ -134,7 +134,7 @@ public:
   /// `max_run` pages); all or none. Access is set once per stretch of runs that follow one another (a gap
   /// longer than `max_run`), not per allocation: the driver charges per call. `mapped()` is called once per
   /// allocation made, when its access is set (a failed access call leaves the peak and the caller's mark as
-  /// they were).
+  /// the stretches before it in this call left them).
   template <class Mapped>
   void map_unmapped(range& r, std::size_t first, std::size_t last, std::size_t needed, std::size_t max_run, Mapped&& mapped)
   {
@@ -241,7 +241,8 @@ protected:
   };
 
   /// One physical allocation behind pages [first, first + count): a spare of that size or a new one, mapped,
-  /// its access not yet set (grant_access); all or nothing (a spare taken goes back to the spares).
+  /// its access not yet set (grant_access); all or nothing (a spare taken goes back to the spares when the map
+  /// fails; once mapped, a failed access call drops it with the rest of its stretch).
   std::uint32_t map_one(range& r, std::size_t first, std::size_t count)
   {
     const std::size_t bytes = count * page_size();

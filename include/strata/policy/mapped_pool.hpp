@@ -51,8 +51,8 @@ namespace strata {
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
 /// Any power-of-two alignment up to 1 GiB. Cost: allocate and free O(1) plus the mappings the block touches
 /// (never its pages) and a bounded placement search; a free of a tagged block a lookup per tag in use. A new
-/// mapping is three driver calls (two when it reuses an allocation the reclaim before it unmapped), a
-/// relocation two. The host waits for the device in a reclaim (once per batch), release() (once for all tags),
+/// mapping is three driver calls (mappings made back to back share one access call; one fewer when it reuses
+/// an allocation the reclaim before it unmapped), a relocation two. The host waits for the device in a reclaim (once per batch), release() (once for all tags),
 /// past `stale_address_limit`, pause (once per call, plus the copies), resume (the copies) and destruction.
 /// Unsynchronized. Move-only; ranges are reserved on first use.
 template <page_backend Backend>

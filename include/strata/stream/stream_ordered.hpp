@@ -475,7 +475,7 @@ private:
     [[no_unique_address]] Backend backend{};
     options opts{};
     std::optional<int> policy_device{};  ///< where the policy's memory lives, when it says (device-wide waits)
-    detail::emptied_on_move<detail::shape_memo> shapes{};  ///< the last request's shape (a pair's free reuses it)
+    detail::emptied_on_move<detail::shape_memo> shapes{};  ///< shapes of recent requests
     detail::stream_cache<event> cache{};
     detail::event_ledger<event> ledger{};
     detail::emptied_on_move<detail::owner_books<event>> own{};
