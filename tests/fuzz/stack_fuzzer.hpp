@@ -107,7 +107,7 @@ concept stream_ordered_calls = requires(S& s, void* p, std::size_t n, cuda::stre
 
 struct live {
   std::size_t bytes, alignment, good;
-  cuda::stream_ref stream;
+  cuda::stream_ref stream{cudaStream_t{}};  // not the deprecated default: std::map default-builds entries
   bool on_stream;
 };
 
