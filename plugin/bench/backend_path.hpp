@@ -10,23 +10,12 @@
 #include <strata_alloc.h>
 
 #include "block_table.hpp"
+#include "figures_of.hpp"
 #include "device_statistics.hpp"
 
 namespace strata::bench {
 
-inline plugin::stack_figures figures_of(const strata_device_figures& f)
-{
-  return {.reserved = f.reserved,
-          .in_use = f.in_use,
-          .chunks = f.chunks,
-          .free_blocks = f.free_blocks,
-          .held_bytes = f.held_bytes,
-          .held_blocks = f.held_blocks,
-          .device_allocs = f.device_allocs,
-          .device_frees = f.device_frees,
-          .alloc_retries = f.alloc_retries,
-          .ooms = f.ooms};
-}
+using plugin::figures_of;
 
 /// The backend's books of device 0. SeparateLock: its own mutex around the plug-in's calls (which then lock
 /// the device again), instead of the plug-in's device lock held across both.

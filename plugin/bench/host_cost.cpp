@@ -33,11 +33,8 @@
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
 using context_ptr = std::shared_ptr<void>;  // the backend's context is a shared_ptr too
 using namespace strata::plugin;
-
-constexpr int depth = strata::bench::steady_loop_depth;
 
 /// Keeps the compiler from dropping work whose result nothing reads.
 template <class T>
@@ -50,21 +47,7 @@ void keep(T& value)
 template <class Allocate, class Free>
 double pair_ns(Allocate allocate, Free free, int rounds = 4000)
 {
-  void* p[depth];
-  std::size_t n[depth];
-  double best = 1e30;
-  for (int rep = 0; rep < 25; ++rep) {
-    const auto start = clock_type::now();
-    for (int i = 0; i < rounds; ++i) {
-      for (int k = 0; k < depth; ++k) {
-        n[k] = strata::bench::steady_loop_size(i, k);
-        p[k] = allocate(n[k]);
-      }
-      for (int k = depth - 1; k >= 0; --k) free(p[k], n[k]);
-    }
-    best = std::min(best, std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / (double(rounds) * depth));
-  }
-  return best;
+  return strata::bench::steady_loop_pair_ns(allocate, free, rounds, 25);
 }
 
 /// The rows: each runs in a process of its own (a fresh plug-in and simulated device), so that no row times a

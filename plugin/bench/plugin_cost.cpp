@@ -27,25 +27,11 @@ using clock_type = std::chrono::steady_clock;
 
 constexpr int depth = strata::bench::steady_loop_depth;
 
-/// ns per allocate+free pair over the pattern above.
+/// ns per allocate+free pair over the steady loop.
 template <class Allocate, class Free>
 double pair_ns(Allocate allocate, Free free, int rounds = 40000)
 {
-  void* p[depth];
-  std::size_t n[depth];
-  double best = 1e30;
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto start = clock_type::now();
-    for (int i = 0; i < rounds; ++i) {
-      for (int k = 0; k < depth; ++k) {
-        n[k] = strata::bench::steady_loop_size(i, k);
-        p[k] = allocate(n[k]);
-      }
-      for (int k = depth - 1; k >= 0; --k) free(p[k], n[k]);
-    }
-    best = std::min(best, std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / (double(rounds) * depth));
-  }
-  return best;
+  return strata::bench::steady_loop_pair_ns(allocate, free, rounds, 7);
 }
 
 /// ns per call of f.

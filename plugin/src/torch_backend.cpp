@@ -43,6 +43,7 @@
 
 #include "block_table.hpp"
 #include "device_statistics.hpp"
+#include "figures_of.hpp"
 #include "memory_history.hpp"
 
 namespace {
@@ -87,19 +88,7 @@ std::uint64_t now_us()
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
-strata::plugin::stack_figures figures_of(const strata_device_figures& f)
-{
-  return {.reserved = f.reserved,
-          .in_use = f.in_use,
-          .chunks = f.chunks,
-          .free_blocks = f.free_blocks,
-          .held_bytes = f.held_bytes,
-          .held_blocks = f.held_blocks,
-          .device_allocs = f.device_allocs,
-          .device_frees = f.device_frees,
-          .alloc_retries = f.alloc_retries,
-          .ooms = f.ooms};
-}
+using strata::plugin::figures_of;
 
 /// A private pool's checkpoint as PyTorch carries it (getCheckpointState / setCheckpointPoolState).
 struct strata_pool_state final : alloc::AllocatorState {
