@@ -340,17 +340,45 @@ TEST_CASE("coalescing_pool: chunks are sized to the need")
     CHECK(pool.usage().reserved == 94 * MiB + 34 * MiB);  // rounded to 2 MiB, as cudaMalloc would take anyway
     CHECK(upstream.allocations() == 7);
   }
-  SUBCASE("small requests come from 2 MiB chunks of their own, never from a large chunk's free space")
+  SUBCASE("small requests come from 2 MiB chunks of their own; a large chunk's free space only when they are full")
   {
     blocks.emplace_back(pool.allocate(300 << 10), 300 << 10);  // above small_limit: a large chunk of 2 MiB
     REQUIRE(pool.usage().reserved == 2 * MiB);
-    blocks.emplace_back(pool.allocate(1000), 1000);
+    blocks.emplace_back(pool.allocate(1000), 1000);  // no small chunk yet: the large chunk's free space
+    CHECK(pool.usage().chunks == 1);
+    blocks.emplace_back(pool.allocate((2048 - 300 - 1) << 10), (2048 - 300 - 1) << 10);  // fills the large chunk
+    blocks.emplace_back(pool.allocate(1000), 1000);  // nowhere to go: a small chunk
     CHECK(pool.usage().chunks == 2);
     CHECK(pool.usage().reserved == 4 * MiB);
     for (int i = 0; i < 100; ++i) blocks.emplace_back(pool.allocate(4096), 4096);  // room in the small chunk
     CHECK(pool.usage().chunks == 2);
-    blocks.emplace_back(pool.allocate(1 * MiB), 1 * MiB);  // room in the large chunk
     CHECK(upstream.allocations() == 2);
+  }
+  SUBCASE("without small_uses_large_free, small requests never take a large chunk's free space")
+  {
+    pool_over_spy apart{ref(upstream), {.small_uses_large_free = false}};
+    void* a = apart.allocate(300 << 10);
+    void* b = apart.allocate(1000);
+    CHECK(apart.usage().chunks == 2);
+    CHECK(apart.usage().reserved == 4 * MiB);
+    apart.deallocate(a, 300 << 10);
+    apart.deallocate(b, 1000);
+  }
+  SUBCASE("late in the series a request that fits nowhere gets at most chunk_request_multiple times its size")
+  {
+    for (std::size_t mib : {2, 4, 8, 16}) blocks.emplace_back(pool.allocate(mib * MiB), mib * MiB);  // each fills its chunk
+    REQUIRE(pool.usage().free_blocks == 0);
+    blocks.emplace_back(pool.allocate(300 << 10), 300 << 10);  // the series says 32 MiB; 32 x 300 KiB, rounded to 2 MiB
+    CHECK(pool.usage().reserved == 30 * MiB + 10 * MiB);
+    blocks.emplace_back(pool.allocate(10 * MiB), 10 * MiB);  // nowhere: 32 x the request passes max_chunk
+    CHECK(pool.usage().reserved == 40 * MiB + 32 * MiB);
+    pool_over_spy uncapped{ref(upstream), {.chunk_request_multiple = 0}};
+    std::vector<void*> held;
+    for (std::size_t mib : {2, 4, 8, 16}) held.push_back(uncapped.allocate(mib * MiB));
+    void* small = uncapped.allocate(300 << 10);
+    CHECK(uncapped.usage().reserved == 30 * MiB + 32 * MiB);
+    uncapped.deallocate(small, 300 << 10);
+    for (std::size_t i = 0; i < held.size(); ++i) uncapped.deallocate(held[i], (std::size_t{2} << i) * MiB);
   }
   SUBCASE("chunk_granularity rounds every chunk, and a chunk never passes max_chunk unless the request does")
   {

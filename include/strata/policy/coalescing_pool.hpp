@@ -34,7 +34,8 @@ namespace strata {
 /// (docs/architecture.md, "The coalescing pool"). Free blocks are filed by size in TLSF lists
 /// (detail/tlsf_lists.hpp), split to the request (rounded to 256 bytes) and merged with their free neighbours
 /// inside their chunk at once (detail/address_range.hpp). Small requests are carved from small chunks of
-/// their own; before growing, the pool hands wholly free chunks back. Block headers live in host memory.
+/// their own, and from the large chunks' free space only when no small chunk has room; before growing, the
+/// pool hands wholly free chunks back. Block headers live in host memory.
 ///
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
 /// Any power-of-two alignment up to max(max_chunk, 1 GiB). Cost: O(1) allocate and free (bit scans, a scan
@@ -58,6 +59,14 @@ public:
     std::size_t small_chunk = std::size_t{2} << 20;    ///< the size of every small chunk (capped by max_chunk)
     std::size_t chunk_granularity = std::size_t{2} << 20;  ///< chunk sizes are rounded up to a multiple of this
     unsigned exact_fit_scan = 16;                      ///< blocks of the request's own list tried for a fit
+    /// A new large chunk is at most this many times the request (never below initial_chunk; 0: no cap).
+    /// Late in a run the series stands at max_chunk, and a small request that fits nowhere would otherwise
+    /// add a whole max_chunk of which it uses a sliver; 32 keeps such a chunk a few percent of what
+    /// follows it while requests of max_chunk / 32 or more still grow by the series.
+    std::size_t chunk_request_multiple = 32;
+    /// A small request that fits no small chunk takes a free block of the large chunks before a new small
+    /// chunk is taken: the pool holds that memory anyway, and a new chunk would add to the peak.
+    bool small_uses_large_free = true;
     bool return_free_chunks = true;                    ///< hand wholly free chunks back before growing
   };
 
@@ -95,7 +104,7 @@ public:
     const unsigned band = band_for(search);
     // Every host allocation the call may need happens before anything changes: the strong guarantee.
     ensure_spares();
-    block* b = bands_[band].find(search, opts_.exact_fit_scan);
+    block* b = find_free(band, search);
     if (b == nullptr) b = grow(search, bytes, band, nullptr);
     else if (too_large_to_carve(b, search)) b = grow(search, bytes, band, b);
     const std::uintptr_t start = align_address(b->address, align);
@@ -139,7 +148,7 @@ public:
     if (bytes == 0) return true;
     if (bytes > max_request) return false;
     const std::size_t search = align_up(bytes, granule) + (effective_alignment(alignment) - granule);
-    const block* b = bands_[band_for(search)].find(search, opts_.exact_fit_scan);
+    const block* b = find_free(band_for(search), search);
     return b != nullptr && !too_large_to_carve(b, search);
   }
 
@@ -227,6 +236,15 @@ private:
 
   static bool whole_chunk(const block* b) noexcept { return b->prev == nullptr && b->next == nullptr; }
 
+  /// A free block for `search` bytes of a request of `band`, or null: the band's own lists, then, for a
+  /// small request, the large ones (the piece stays in its chunk's band: it merges back there when freed).
+  block* find_free(unsigned band, std::size_t search) const noexcept
+  {
+    block* b = bands_[band].find(search, opts_.exact_fit_scan);
+    if (b == nullptr && band == small_band && opts_.small_uses_large_free) b = bands_[large_band].find(search, opts_.exact_fit_scan);
+    return b;
+  }
+
   void insert_free(block* b) noexcept
   {
     b->free = true;
@@ -274,13 +292,18 @@ private:
   static std::size_t round_up(std::size_t n, std::size_t step) noexcept { return (n + step - 1) / step * step; }
 
   /// The size of a new chunk for a request needing `needed` bytes: small chunks all alike, large ones the
-  /// next size in the geometric series; a request above max_chunk gets a chunk of its own size. Rounded up
-  /// to chunk_granularity (without passing max_chunk), since the upstream would take that much anyway.
+  /// next size in the geometric series but at most chunk_request_multiple times the request (not below
+  /// initial_chunk); a request above max_chunk gets a chunk of its own size. Rounded up to
+  /// chunk_granularity (without passing max_chunk), since the upstream would take that much anyway.
   std::size_t chunk_size_for(std::size_t needed, unsigned band) const noexcept
   {
     const std::size_t g = opts_.chunk_granularity;
     if (needed > opts_.max_chunk) return round_up(needed, g);
-    const std::size_t step = band == small_band ? std::min(opts_.small_chunk, opts_.max_chunk) : next_chunk_;
+    std::size_t step = band == small_band ? std::min(opts_.small_chunk, opts_.max_chunk) : next_chunk_;
+    if (band == large_band && opts_.chunk_request_multiple > 0) {
+      const std::size_t cap = needed > SIZE_MAX / opts_.chunk_request_multiple ? SIZE_MAX : needed * opts_.chunk_request_multiple;
+      step = std::min(step, std::max(cap, first_chunk()));
+    }
     return std::min(round_up(std::max(needed, step), g), std::max(opts_.max_chunk / granule * granule, needed));
   }
 
@@ -425,7 +448,7 @@ private:
   options opts_;
   detail::emptied_on_move<detail::object_pool<block>> nodes_;
   detail::pointer_map<block*> used_;
-  detail::emptied_on_move<std::array<detail::tlsf_lists<block>, 2>> bands_;  // small and large requests, never mixed
+  detail::emptied_on_move<std::array<detail::tlsf_lists<block>, 2>> bands_;  // small and large chunks' free blocks
   detail::emptied_on_move<idle_chunks> idle_;
   detail::emptied_on_move<spare_nodes> spares_;
   std::vector<typename chunk_map::node_type> retired_;  // chunks handed back by the growth under way
