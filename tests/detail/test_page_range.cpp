@@ -88,3 +88,24 @@ TEST_CASE("page_range: within_one_mapping and gap_at answer the common questions
   CHECK(f.r.gap_at(20).first == 13);
   CHECK(f.r.gap_at(20).end == SIZE_MAX);
 }
+
+TEST_CASE("page_range: unmapped_in counts the pages no run covers, as a page-by-page count does, for every span")
+{
+  fixture f;
+  const auto covered = [&](std::size_t p) {
+    for (const auto& run : f.r.runs)
+      if (p >= run.first && p < run.first + run.count) return true;
+    return false;
+  };
+  int agreed = 0;
+  for (std::size_t first = 0; first < 20; ++first) {
+    for (std::size_t last = first; last < 20; ++last) {
+      std::size_t expected = 0;
+      for (std::size_t p = first; p <= last; ++p) expected += covered(p) ? 0 : 1;
+      agreed += f.r.unmapped_in(first, last) == expected;
+    }
+  }
+  CHECK(agreed == 20 * 21 / 2);
+  CHECK(f.r.unmapped_in(2, 4) == 0);
+  CHECK(f.r.unmapped_in(0, 13) == 2 + 1 + 4 + 1);  // pages 0-1, 5, 8-11 and 13
+}

@@ -1,6 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include <strata/detail/tlsf_lists.hpp>
@@ -99,13 +105,115 @@ TEST_CASE("tlsf_lists::find_cheapest prefers the lowest cost within its budget")
   cheap_node a{.size = 1 << 20, .cost = 3}, b{.size = 2 << 20, .cost = 1}, c{.size = 4 << 20, .cost = 0}, tiny{.size = 4096, .cost = 0};
   for (cheap_node* n : {&a, &b, &c, &tiny}) index.insert(n);
   const auto cost = [](const cheap_node* n) { return n->cost; };
-  CHECK(index.find_cheapest(1 << 20, 16, cost) == &c);  // walks up to the free one
-  CHECK(index.find_cheapest(1 << 20, 2, cost) == &b);   // budget of two: a, then b
-  CHECK(index.find_cheapest(1 << 20, 1, cost) == &a);
-  CHECK(index.find_cheapest(8 << 20, 16, cost) == nullptr);
+  CHECK(index.find_cheapest(1 << 20, 16, cost).block == &c);  // walks up to the free one
+  CHECK(index.find_cheapest(1 << 20, 2, cost).block == &b);   // budget of two: a, then b
+  CHECK(index.find_cheapest(1 << 20, 1, cost).block == &a);
+  CHECK(index.find_cheapest(8 << 20, 16, cost).block == nullptr);
   // Blocks of the request's own list that are too small use up the budget but never stop the search empty.
   cheap_node small_same_list{.size = (1 << 20) - 4096, .cost = 0};
   index.remove(&a);
   index.insert(&small_same_list);
-  CHECK(index.find_cheapest((1 << 20) - 256, 1, cost) != nullptr);
+  CHECK(index.find_cheapest((1 << 20) - 256, 1, cost).block != nullptr);
+}
+
+namespace {
+/// The lists as plain containers, each newest first, walked list by list over every index: what
+/// find_cheapest must choose, whatever it skips.
+struct reference_lists {
+  std::map<std::pair<unsigned, unsigned>, std::deque<cheap_node*>> lists;
+
+  static std::pair<unsigned, unsigned> key(tlsf::list_index i) { return {i.first, i.second}; }
+  void insert(cheap_node* n) { lists[key(tlsf::mapping_insert(n->size / tlsf::granule))].push_front(n); }
+  void remove(cheap_node* n)
+  {
+    auto& list = lists[key(tlsf::mapping_insert(n->size / tlsf::granule))];
+    list.erase(std::find(list.begin(), list.end(), n));
+  }
+
+  cheap_node* cheapest(std::size_t bytes, int budget) const
+  {
+    cheap_node* best = nullptr;
+    std::size_t best_cost = SIZE_MAX;
+    const auto consider = [&](cheap_node* b) {
+      if (b->cost < best_cost) {
+        best = b;
+        best_cost = b->cost;
+      }
+      return b->cost == 0 || --budget <= 0;
+    };
+    const auto own = key(tlsf::mapping_insert(bytes / tlsf::granule));
+    if (auto it = lists.find(own); it != lists.end()) {
+      int walk = budget;
+      for (cheap_node* b : it->second) {
+        if (walk-- <= 0) break;
+        if (b->size >= bytes && consider(b)) return best;
+      }
+    }
+    for (auto it = lists.lower_bound(key(tlsf::mapping_search(bytes / tlsf::granule))); it != lists.end(); ++it) {
+      if (it->first == own) continue;
+      for (cheap_node* b : it->second)
+        if (consider(b)) return best;
+    }
+    return best;
+  }
+};
+} // namespace
+
+TEST_CASE("tlsf_lists::find_cheapest chooses what a walk over every list chooses, over sparse random lists and refiles")
+{
+  std::mt19937_64 rng(7);
+  const auto pick = [&](std::size_t below) { return std::uniform_int_distribution<std::size_t>(0, below - 1)(rng); };
+  const auto random_size = [&] {  // log-uniform from one granule to 2^40 bytes: most lists empty, blocks far apart
+    const auto bits = static_cast<unsigned>(pick(33));
+    return (std::uint64_t{1} << bits) * tlsf::granule + pick(std::size_t{1} << bits) * tlsf::granule;
+  };
+  std::vector<cheap_node> nodes(400);
+  std::vector<bool> filed(nodes.size(), false);
+  tlsf_lists<cheap_node> index;
+  reference_lists reference;
+  const auto file = [&](std::size_t k) {
+    nodes[k].size = random_size();
+    nodes[k].cost = pick(7);
+    index.insert(&nodes[k]);
+    reference.insert(&nodes[k]);
+    filed[k] = true;
+  };
+  // k (filed) gives its place to j (not filed), j often of k's list (what a carve or a merge does), k's size
+  // sometimes changed since it was filed.
+  const auto refile = [&](std::size_t k, std::size_t j) {
+    const tlsf::list_index was = tlsf_lists<cheap_node>::list_of(nodes[k].size);
+    reference.remove(&nodes[k]);
+    if (pick(4) == 0) nodes[k].size = random_size();
+    nodes[j].size = pick(4) == 0 ? random_size() : (tlsf::list_floor(was) + (was.first == 0 ? 0 : pick(2))) * tlsf::granule;
+    nodes[j].cost = pick(7);
+    index.refile(&nodes[k], was, &nodes[j]);
+    reference.insert(&nodes[j]);
+    filed[k] = false;
+    filed[j] = true;
+  };
+  int agreed = 0, found = 0, refiled = 0;
+  constexpr int rounds = 6000;
+  for (int round = 0; round < rounds; ++round) {
+    const std::size_t k = pick(nodes.size()), j = pick(nodes.size());
+    if (filed[k] && !filed[j] && pick(2) == 0) {
+      refile(k, j);
+      ++refiled;
+    } else if (filed[k]) {
+      index.remove(&nodes[k]);
+      reference.remove(&nodes[k]);
+      filed[k] = false;
+    } else {
+      file(k);
+    }
+    const std::size_t bytes = random_size();
+    const int budget = static_cast<int>(pick(20)) + 1;
+    const auto chosen = index.find_cheapest(bytes, budget, [](const cheap_node* n) { return n->cost; });
+    cheap_node* expected = reference.cheapest(bytes, budget);
+    agreed += chosen.block == expected && chosen.cost == (expected != nullptr ? expected->cost : SIZE_MAX);
+    found += expected != nullptr;
+  }
+  CHECK(agreed == rounds);
+  CHECK(found > rounds / 4);  // the searches were not all empty
+  CHECK(refiled > rounds / 8);
+  CHECK(index.count() == static_cast<std::size_t>(std::count(filed.begin(), filed.end(), true)));
 }

@@ -177,7 +177,7 @@ public:
         while (b != nullptr && b->address + b->size <= address) b = b->next;
         if (b == nullptr || !b->free || b->address > address || b->address + b->size < address + size)
           throw std::logic_error("mapped_pool: restoring a block at an address that is not free");
-        b = hand_out(band, b, address, size, size);
+        b = hand_out(band, b, address, size, size, /*mapped=*/false);
         ++made;
       }
     } catch (...) {
@@ -206,8 +206,8 @@ public:
     const std::size_t align = effective_alignment(alignment);
     const std::uint32_t band = band_for(size);
     if (table_.band(band).size == 0) return false;
-    const block* b = place(band, size, align);
-    return b != nullptr && table_.unmapped_pages(table_.band(band), align_address(b->address, align), size) == 0;
+    const auto found = place(band, size, align);
+    return found.block != nullptr && found.cost == 0;
   }
 
   /// True when p is the start of a block this pool handed out and has not taken back.
@@ -371,70 +371,75 @@ private:
 
   void* allocate_in(std::uint32_t band, std::size_t bytes, std::size_t size, std::size_t align)
   {
-    block* b = place(band, size, align);
-    if (b == nullptr && table_.has_stale()) {  // address space held by stale ranges: wait, give it back, try again
+    auto found = place(band, size, align);
+    if (found.block == nullptr && table_.has_stale()) {  // address space held by stale ranges: wait, give it back, try again
       relocation().tidy(true);
-      b = place(band, size, align);
+      found = place(band, size, align);
     }
-    if (b == nullptr) throw_oom(bytes, "no free address range of that size left");
-    return reinterpret_cast<void*>(hand_out(band, b, align_address(b->address, align), size, bytes)->address);
+    if (found.block == nullptr) throw_oom(bytes, "no free address range of that size left");
+    block* b = found.block;
+    return reinterpret_cast<void*>(hand_out(band, b, align_address(b->address, align), size, bytes, found.cost == 0)->address);
   }
 
   /// Carves [start, start + size) out of free block b and puts physical memory behind it; returns the live block.
-  block* hand_out(std::uint32_t band, block* b, std::uintptr_t start, std::size_t size, std::size_t bytes)
+  /// `mapped`: every page of the block is known to have memory behind it (the placement counted none missing),
+  /// so there is nothing to look up or map.
+  block* hand_out(std::uint32_t band, block* b, std::uintptr_t start, std::size_t size, std::size_t bytes, bool mapped)
   {
-    const auto& r = table_.band(band);
+    range& r = table_.band(band);
+    const page_span span{table_.page_of(r, start), table_.page_of(r, start + size - 1), table_.page_of(r, b->address),
+                         table_.page_of(r, b->address + b->size - 1)};
     block* rest = start > b->address ? nodes_.make() : nullptr;
     block* tail = nullptr;
     try {
       if (start + size < b->address + b->size) tail = nodes_.make();
       used_.insert(reinterpret_cast<void*>(start), rest != nullptr ? rest : b);
-      try {
-        hold_pages(band,
-                   {table_.page_of(r, start), table_.page_of(r, start + size - 1), table_.page_of(r, b->address),
-                    table_.page_of(r, b->address + b->size - 1)},
-                   bytes, in_use_.bytes + size);
-      } catch (...) {
-        used_.erase(reinterpret_cast<void*>(start));
-        throw;
+      if (!mapped) [[unlikely]] {
+        try {
+          map_missing(band, span, bytes, in_use_.bytes + size);
+        } catch (...) {
+          used_.erase(reinterpret_cast<void*>(start));
+          throw;
+        }
       }
     } catch (...) {
       if (rest != nullptr) nodes_.recycle(rest);
       if (tail != nullptr) nodes_.recycle(tail);
       throw;
     }
+    table_.hold(r, span.first, span.last);
     block* live = blocks_[band].carve(b, start, size, rest, tail);
     in_use_.bytes += size;
     budget_.tick();  // allocations served: a failed one leaves the count as it was
     return live;
   }
 
+  using placement = typename tlsf_lists<block>::cheapest;
+
   /// A free block for the request, preferring one whose pages are already mapped (no driver call, no
-  /// physical memory added) among the first few that fit.
-  block* place(std::uint32_t band, std::size_t size, std::size_t align) const noexcept
+  /// physical memory added) among the first few that fit, with the number of its pages not mapped.
+  placement place(std::uint32_t band, std::size_t size, std::size_t align) const noexcept
   {
     const auto& r = table_.band(band);
     return blocks_[band].free.find_cheapest(size + (align - granule), opts_.placement_candidates,
                                             [&](const block* b) { return table_.unmapped_pages(r, align_address(b->address, align), size); });
   }
 
-  /// Puts physical memory behind the span's pages and counts one more live block on each. `live_after`: the
-  /// pool's live bytes once the block is handed out. On failure every page is as it was, except that idle
-  /// memory reclaimed to make room stays reclaimed (no live block moves; only `reserved` can be lower).
-  void hold_pages(std::uint32_t band, page_span span, std::size_t bytes, std::size_t live_after)
+  /// Puts physical memory behind the span's pages that have none. `live_after`: the pool's live bytes once the
+  /// block is handed out. On failure every page is as it was, except that idle memory reclaimed to make room
+  /// stays reclaimed (no live block moves; only `reserved` can be lower).
+  void map_missing(std::uint32_t band, page_span span, std::size_t bytes, std::size_t live_after)
   {
     range& r = table_.band(band);
     if (span.last >= r.pages.size()) table_.grow(r, span.last + 1);
     const auto census = table_.census(r, span.first, span.last);
-    if (census.unmapped > 0) {
-      // The last run reaches min(min_mapping, min_mapping_fraction of the memory held) over the free pages after
-      // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
-      const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(table_.physical()));
-      std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
-      if (table_.physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
-      map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
-    }
-    table_.hold(r, span.first, span.last);
+    if (census.unmapped == 0) return;
+    // The last run reaches min(min_mapping, min_mapping_fraction of the memory held) over the free pages after
+    // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
+    const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(table_.physical()));
+    std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
+    if (table_.physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
+    map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
   }
 
   /// Maps every run of unmapped pages in [span.first, last], one physical allocation per run (split at

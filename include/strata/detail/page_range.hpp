@@ -40,7 +40,8 @@ struct page_span {
 /// nothing behind them), with the ordered set of the runs mapped in it. Lookups take the mapping records:
 /// anything indexed by slot whose elements have `first` and `count` (pages).
 /// Cost: within_one_mapping O(1); piece_at O(1) on a mapping's page, O(log runs) elsewhere, as gap_at;
-/// for_each_piece O(pieces) of those; grow amortized O(1) per page (it doubles).
+/// for_each_piece O(log runs + pieces), the pieces after the first read off the runs in order; unmapped_in
+/// and for_each_mapping_over O(log runs + runs over the span); grow amortized O(1) per page (it doubles).
 struct page_range {
   static constexpr std::uint32_t no_mapping = page_state::no_mapping;
   static constexpr std::uint32_t stale_mapping = page_state::stale_mapping;
@@ -59,30 +60,50 @@ struct page_range {
   template <class Records>
   page_piece piece_at(std::size_t p, std::size_t last, const Records& mappings) const noexcept
   {
-    if (p >= pages.size()) return {p, last, no_mapping};  // every run lies within the entries
-    const std::uint32_t slot = pages[p].mapping;
-    if (slot < stale_mapping) {
-      const auto& m = mappings[slot];
-      return {p, std::min(last, m.first + m.count - 1), slot};
-    }
-    const auto next = runs.first_after(p);
-    if (slot == stale_mapping) {
-      const mapped_run& run = *(next - 1);
-      return {p, std::min(last, run.first + run.count - 1), slot};
-    }
-    return {p, next == runs.end() ? last : std::min(last, next->first - 1), no_mapping};
+    if (on_mapping(p)) return mapping_piece(p, last, mappings);
+    return piece_off_mappings(runs.first_after(p), p, last);
   }
 
-  /// Calls f(piece) for each piece of pages [first, last], in order.
+  /// Calls f(piece) for each piece of pages [first, last], in order. After the first piece the runs are read
+  /// in order: a piece costs the next run and its first page's entry, neither waiting for the piece before
+  /// (looking each piece up from its page would chain a page entry and a mapping record per piece).
   template <class Records, class F>
   void for_each_piece(std::size_t first, std::size_t last, const Records& mappings, F&& f) const noexcept
   {
-    for (std::size_t p = first; p <= last;) {
-      const page_piece pc = piece_at(p, last, mappings);
+    auto next = runs.first_after(first);
+    page_piece pc = on_mapping(first) ? mapping_piece(first, last, mappings) : piece_off_mappings(next, first, last);
+    for (;;) {
       f(pc);
       if (pc.last == last) return;  // also where last is the range's final page
-      p = pc.last + 1;
+      pc = piece_from(next, pc.last + 1, last);
     }
+  }
+
+  /// Calls f(slot, lo, hi) for each mapping over pages [first, last], all of them mapped (not stale), in
+  /// order: [lo, hi] is the part of the span on it. Read off the runs, as for_each_piece's.
+  template <class F>
+  void for_each_mapping_over(std::size_t first, std::size_t last, F&& f) const noexcept
+  {
+    for (auto run = runs.first_after(first) - 1;; ++run) {
+      const std::size_t hi = std::min(last, run->first + run->count - 1);
+      f(pages[run->first].mapping, std::max(first, run->first), hi);
+      if (hi == last) return;
+    }
+  }
+
+  /// Pages of [first, last] that no run covers (nothing mapped, not stale): the gaps between the runs over
+  /// the span, read off the runs alone.
+  std::size_t unmapped_in(std::size_t first, std::size_t last) const noexcept
+  {
+    auto next = runs.first_after(first);
+    std::size_t p = first;  // the first page not yet counted
+    if (next != runs.begin()) p = std::max(p, std::min(last + 1, (next - 1)->first + (next - 1)->count));
+    std::size_t unmapped = 0;
+    for (; next != runs.end() && next->first <= last; ++next) {
+      unmapped += next->first - p;
+      p = std::min(last + 1, next->first + next->count);
+    }
+    return unmapped + (last + 1 - p);
   }
 
   /// Whether pages [first, last] all lie in one mapping: the common case, answered without a search.
@@ -104,6 +125,37 @@ struct page_range {
   {
     const auto next = runs.first_after(p);
     return {runs.gap_before(next), next == runs.end() ? SIZE_MAX : next->first};
+  }
+
+private:
+  bool on_mapping(std::size_t p) const noexcept { return p < pages.size() && pages[p].mapping < stale_mapping; }
+
+  /// The piece at page p, behind a mapping.
+  template <class Records>
+  page_piece mapping_piece(std::size_t p, std::size_t last, const Records& mappings) const noexcept
+  {
+    const auto& m = mappings[pages[p].mapping];
+    return {p, std::min(last, m.first + m.count - 1), pages[p].mapping};
+  }
+
+  /// The piece at page p, in a stale range or a gap; `next` is the first run after p.
+  page_piece piece_off_mappings(mapped_runs::const_iterator next, std::size_t p, std::size_t last) const noexcept
+  {
+    if (p >= pages.size()) return {p, last, no_mapping};  // every run lies within the entries
+    if (pages[p].mapping == stale_mapping) {
+      const mapped_run& run = *(next - 1);
+      return {p, std::min(last, run.first + run.count - 1), stale_mapping};
+    }
+    return {p, next == runs.end() ? last : std::min(last, next->first - 1), no_mapping};
+  }
+
+  /// The piece at page p, where `next` is the first run starting at p or after; `next` moves past it.
+  page_piece piece_from(mapped_runs::const_iterator& next, std::size_t p, std::size_t last) const noexcept
+  {
+    if (next == runs.end()) return {p, last, no_mapping};
+    if (next->first != p) return {p, std::min(last, next->first - 1), no_mapping};
+    const mapped_run& run = *next++;
+    return {p, std::min(last, run.first + run.count - 1), pages[p].mapping};
   }
 };
 

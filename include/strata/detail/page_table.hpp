@@ -14,8 +14,10 @@
 // a few inline lines; spans over several pieces are walked in functions kept out of line, so the pool's
 // allocation path, which inlines the short ones, stays small enough for the compiler to inline in turn.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include <strata/detail/page_mappings.hpp>
 #include <strata/detail/page_range.hpp>
@@ -25,7 +27,7 @@ namespace strata::detail {
 /// Models a count of live blocks over the pages of page_mappings' ranges, and from it each mapping's busy
 /// pages, the pool's live pages and its idle bytes.
 /// Cost: hold, let_go, census and unmapped_pages O(1) for a span within one mapping, else O(runs the span
-/// covers) plus O(log runs) per unmapped gap; pages_ahead O(log runs). Never allocates but in pages_ahead
+/// covers + log runs); pages_ahead O(log runs). Never allocates but in pages_ahead
 /// (grow), which changes nothing when it throws.
 template <page_backend Backend>
 class page_table : public page_mappings<Backend> {
@@ -37,12 +39,17 @@ public:
   using typename base::range;
   using base::no_mapping;
   using base::stale_mapping;
-  using base::base;
-  using base::address_of;
-  using base::bytes_of;
   using base::for_each_piece;
   using base::grow;
-  using base::page_of;
+
+  explicit page_table(Backend backend) : base(std::move(backend)), page_shift_(static_cast<unsigned>(std::countr_zero(base::page_size()))) {}
+
+  // The page size as a shift kept here: the pool's every step turns addresses into pages, and asking the
+  // backend each time would put a load through its handle on the way.
+  std::size_t page_size() const noexcept { return std::size_t{1} << page_shift_; }
+  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) >> page_shift_; }
+  std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + (page << page_shift_); }
+  std::size_t bytes_of(const mapping& m) const noexcept { return m.count << page_shift_; }
 
   /// Pages of [start, start + size) with nothing behind them.
   std::size_t unmapped_pages(const range& r, std::uintptr_t start, std::size_t size) const noexcept
@@ -112,11 +119,7 @@ private:
   // Spans over several pages, out of line (see the top of the file). Within one mapping a span is one piece.
   [[gnu::noinline]] std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
   {
-    std::size_t unmapped = 0;
-    for_each_piece(r, first, last, [&](const piece& pc) {
-      if (pc.slot == no_mapping) unmapped += pc.last - pc.first + 1;
-    });
-    return unmapped;
+    return r.unmapped_in(first, last);
   }
   [[gnu::noinline]] page_census census_pieces(const range& r, std::size_t first, std::size_t last) const noexcept
   {
@@ -134,9 +137,16 @@ private:
       busy_more(slot, last - first - 1 + add_edge(r, first, 1) + add_edge(r, last, 1));
       return;
     }
-    for_each_piece(r, first, last, [&](const piece& pc) {
-      busy_more(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, 1)) + (pc.last == last && add_edge(r, last, 1)));
+    // The pool's totals change once for the span: changed per mapping, each change would wait for the one before.
+    const shared_edges shared{first, last, !add_edge(r, first, 1), !add_edge(r, last, 1)};
+    std::size_t pages = 0;
+    std::size_t woken = 0;
+    r.for_each_mapping_over(first, last, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
+      const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
+      pages += n;
+      woken += mapping_busier(slot, n);
     });
+    count_busier(pages, woken);
   }
   [[gnu::noinline]] void let_go_span(range& r, std::size_t first, std::size_t last) noexcept
   {
@@ -145,9 +155,15 @@ private:
       busy_less(slot, last - first - 1 + add_edge(r, first, -1) + add_edge(r, last, -1));
       return;
     }
-    for_each_piece(r, first, last, [&](const piece& pc) {
-      busy_less(pc.slot, inner_pages(pc, first, last) + (pc.first == first && add_edge(r, first, -1)) + (pc.last == last && add_edge(r, last, -1)));
+    const shared_edges shared{first, last, !add_edge(r, first, -1), !add_edge(r, last, -1)};
+    std::size_t pages = 0;
+    std::size_t idled = 0;
+    r.for_each_mapping_over(first, last, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
+      const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
+      pages += n;
+      idled += mapping_idler(slot, n);
     });
+    count_idler(pages, idled);
   }
 
   bool within_one_mapping(const range& r, std::size_t first, std::size_t last) const noexcept
@@ -156,39 +172,62 @@ private:
   }
 
   /// `pages` more pages of mapping `slot` touched by a live block; it stops being idle.
-  void busy_more(std::uint32_t slot, std::size_t pages) noexcept
-  {
-    if (pages == 0) return;
-    s_.live_pages += pages;
-    s_.peak_live_pages = std::max(s_.peak_live_pages, s_.live_pages);
-    mapping& m = s_.mappings[slot];
-    if (m.busy == 0 && m.idle) {
-      m.idle = false;
-      s_.idle_bytes -= bytes_of(m);
-    }
-    m.busy += pages;
-  }
+  void busy_more(std::uint32_t slot, std::size_t pages) noexcept { count_busier(pages, mapping_busier(slot, pages)); }
 
   /// `pages` pages of mapping `slot` no longer touched by a live block; with none left, it goes idle.
-  void busy_less(std::uint32_t slot, std::size_t pages) noexcept
+  void busy_less(std::uint32_t slot, std::size_t pages) noexcept { count_idler(pages, mapping_idler(slot, pages)); }
+
+  /// busy_more's part in mapping `slot`: returns the bytes that stop being idle (count_busier counts them).
+  std::size_t mapping_busier(std::uint32_t slot, std::size_t pages) noexcept
   {
-    if (pages == 0) return;
-    s_.live_pages -= pages;
+    if (pages == 0) return 0;
     mapping& m = s_.mappings[slot];
-    m.busy -= pages;
-    if (m.busy != 0) return;
-    m.idle = true;
-    s_.idle_bytes += bytes_of(m);
-    if (!m.listed) s_.list_idle(slot);
+    std::size_t woken = 0;
+    if (m.busy == 0 && m.idle) {
+      m.idle = false;
+      woken = bytes_of(m);
+    }
+    m.busy += pages;
+    return woken;
   }
 
-  /// Pages of the piece strictly inside the block [first, last]: touched by that block alone.
-  static std::size_t inner_pages(const piece& pc, std::size_t first, std::size_t last) noexcept
+  /// busy_less's part in mapping `slot`: returns the bytes that go idle (count_idler counts them).
+  std::size_t mapping_idler(std::uint32_t slot, std::size_t pages) noexcept
   {
-    const std::size_t lo = std::max(pc.first, first + 1);
-    const std::size_t hi = last == 0 ? 0 : std::min(pc.last, last - 1);
-    return lo <= hi && last > first + 1 ? hi - lo + 1 : 0;
+    if (pages == 0) return 0;
+    mapping& m = s_.mappings[slot];
+    m.busy -= pages;
+    if (m.busy != 0) return 0;
+    m.idle = true;
+    if (!m.listed) s_.list_idle(slot);
+    return bytes_of(m);
   }
+
+  /// The pool's totals after `pages` more pages touched, `woken` bytes of them no longer idle.
+  void count_busier(std::size_t pages, std::size_t woken) noexcept
+  {
+    s_.live_pages += pages;
+    s_.peak_live_pages = std::max(s_.peak_live_pages, s_.live_pages);
+    s_.idle_bytes -= woken;
+  }
+
+  /// The pool's totals after `pages` pages fewer touched, `idled` bytes of them gone idle.
+  void count_idler(std::size_t pages, std::size_t idled) noexcept
+  {
+    s_.live_pages -= pages;
+    s_.idle_bytes += idled;
+  }
+
+  /// A span's first and last pages where another live block touches them too: there they count for their
+  /// mapping already, and every other page of the span is the span's block's alone.
+  struct shared_edges {
+    std::size_t first;
+    std::size_t last;
+    bool at_first;
+    bool at_last;
+    /// How many of [lo, hi]'s pages (a part of the span) are shared edges.
+    std::size_t on(std::size_t lo, std::size_t hi) const noexcept { return std::size_t{lo == first && at_first} + std::size_t{hi == last && at_last}; }
+  };
 
   /// Adds `delta` (+1 or -1) to the live count of a block's first or last page; true when the page goes from
   /// no live block to one, or back.
@@ -199,6 +238,8 @@ private:
     if (delta > 0) return live++ == 0;
     return --live == 0;
   }
+
+  unsigned page_shift_;
 };
 
 } // namespace strata::detail

@@ -17,7 +17,7 @@ class tlsf_lists {
 public:
   void insert(Node* b) noexcept
   {
-    const tlsf::list_index i = tlsf::mapping_insert(b->size / tlsf::granule);
+    const tlsf::list_index i = list_of(b->size);
     Node*& h = head(i);
     b->free_prev = nullptr;
     b->free_next = h;
@@ -28,18 +28,26 @@ public:
     ++count_;
   }
 
-  void remove(Node* b) noexcept
+  void remove(Node* b) noexcept { unlink(b, list_of(b->size)); }
+
+  /// The list a free block of `size` bytes is filed in.
+  static tlsf::list_index list_of(std::size_t size) noexcept { return tlsf::mapping_insert(size / tlsf::granule); }
+
+  /// Files b (not filed) in place of `old`, filed in list `was` (old's size may have changed since): what
+  /// remove(old) then insert(b) do. Where b belongs in that list too and old is its head, as for a large free
+  /// block that a small one is cut from or merges into, b just takes old's links and the bitmaps stay as they are.
+  void refile(Node* old, tlsf::list_index was, Node* b) noexcept
   {
-    const tlsf::list_index i = tlsf::mapping_insert(b->size / tlsf::granule);
-    if (b->free_prev != nullptr) b->free_prev->free_next = b->free_next;
-    else head(i) = b->free_next;
-    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
-    if (head(i) == nullptr) {
-      second_bits_[i.first] &= ~(std::uint32_t{1} << i.second);
-      if (second_bits_[i.first] == 0) first_bits_ &= ~(std::uint64_t{1} << i.first);
+    if (old->free_prev != nullptr || list_of(b->size) != was) {
+      unlink(old, was);
+      insert(b);
+      return;
     }
-    b->free_prev = b->free_next = nullptr;
-    --count_;
+    b->free_prev = nullptr;
+    b->free_next = old->free_next;
+    if (b->free_next != nullptr) b->free_next->free_prev = b;
+    head(was) = b;
+    old->free_prev = old->free_next = nullptr;
   }
 
   /// A free block of at least `bytes` (a multiple of the granule), or null. The lists above the one
@@ -58,23 +66,26 @@ public:
     return first_at_or_above(tlsf::mapping_search(granules));
   }
 
+  /// A block find_cheapest chose and what `cost` rated it (null and SIZE_MAX when none fits).
+  struct cheapest {
+    Node* block = nullptr;
+    std::size_t cost = SIZE_MAX;
+  };
+
   /// Of the first `budget` blocks that fit `bytes` (the request's own list first, then every list above it in
-  /// order), the one `cost` rates lowest; the walk stops early at a cost of zero. Null when none fits. O(budget).
+  /// order), the one `cost` rates lowest (the first of those), with its cost; the walk stops early at a cost of
+  /// zero. O(budget): empty lists are skipped by find-first-set on both levels, however far apart the blocks are.
   template <class Cost>
-  Node* find_cheapest(std::size_t bytes, int budget, Cost&& cost) const
+  cheapest find_cheapest(std::size_t bytes, int budget, Cost&& cost) const
   {
-    Node* best = nullptr;
-    std::size_t best_cost = SIZE_MAX;
+    cheapest best;
     auto consider = [&](Node* b) {
       const std::size_t c = cost(b);
-      if (c < best_cost) {
-        best = b;
-        best_cost = c;
-      }
+      if (c < best.cost) best = {b, c};
       return c == 0 || --budget <= 0;
     };
     const tlsf::list_index own = tlsf::mapping_insert(bytes / tlsf::granule);
-    if (own.first >= tlsf::first_level_count) return nullptr;
+    if (own.first >= tlsf::first_level_count) return best;
     int own_walk = budget;  // blocks of the own list too small still count: the walk stays bounded
     for (Node* b = heads_[own.first][own.second]; b != nullptr && own_walk-- > 0; b = b->free_next) {
       if (b->size >= bytes && consider(b)) return best;
@@ -84,7 +95,8 @@ public:
       i.second = 0;
       ++i.first;
     }
-    for (unsigned first = i.first; first < tlsf::first_level_count; ++first) {
+    for (std::uint64_t firsts = levels_from(i.first); firsts != 0; firsts &= firsts - 1) {
+      const auto first = static_cast<unsigned>(std::countr_zero(firsts));
       std::uint32_t lists = second_bits_[first];
       if (first == i.first) lists = i.second < 32 ? lists & (~std::uint32_t{0} << i.second) : 0;
       for (; lists != 0; lists &= lists - 1) {
@@ -120,6 +132,23 @@ public:
 
 private:
   Node*& head(tlsf::list_index i) noexcept { return heads_[i.first][i.second]; }
+
+  /// Takes b out of list i, where it is filed.
+  void unlink(Node* b, tlsf::list_index i) noexcept
+  {
+    if (b->free_prev != nullptr) b->free_prev->free_next = b->free_next;
+    else head(i) = b->free_next;
+    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
+    if (head(i) == nullptr) {
+      second_bits_[i.first] &= ~(std::uint32_t{1} << i.second);
+      if (second_bits_[i.first] == 0) first_bits_ &= ~(std::uint64_t{1} << i.first);
+    }
+    b->free_prev = b->free_next = nullptr;
+    --count_;
+  }
+
+  /// The non-empty first levels from `first` up, one bit each.
+  std::uint64_t levels_from(unsigned first) const noexcept { return first < 64 ? first_bits_ & (~std::uint64_t{0} << first) : 0; }
 
   Node* best_in(tlsf::list_index i, std::size_t bytes, unsigned scan_limit) const noexcept
   {
