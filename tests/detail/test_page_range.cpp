@@ -102,10 +102,10 @@ TEST_CASE("page_range: unmapped_in counts the pages no run covers, as a page-by-
     for (std::size_t last = first; last < 20; ++last) {
       std::size_t expected = 0;
       for (std::size_t p = first; p <= last; ++p) expected += covered(p) ? 0 : 1;
-      agreed += f.r.unmapped_in(first, last) == expected;
+      agreed += f.r.unmapped_in(first, last, f.mappings) == expected;
     }
   }
   CHECK(agreed == 20 * 21 / 2);
-  CHECK(f.r.unmapped_in(2, 4) == 0);
-  CHECK(f.r.unmapped_in(0, 13) == 2 + 1 + 4 + 1);  // pages 0-1, 5, 8-11 and 13
+  CHECK(f.r.unmapped_in(2, 4, f.mappings) == 0);
+  CHECK(f.r.unmapped_in(0, 13, f.mappings) == 2 + 1 + 4 + 1);  // pages 0-1, 5, 8-11 and 13
 }

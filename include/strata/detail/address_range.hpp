@@ -129,7 +129,6 @@ struct block_range {
   /// and after stay free, `rest` and `tail` the nodes they need (address_range::carve). Cannot fail.
   address_block* carve(address_block* b, std::uintptr_t start, std::size_t size, address_block* rest, address_block* tail) noexcept
   {
-    if (rest == nullptr && tail != nullptr) return carve_front(b, size, tail);
     free.remove(b);
     return address_range::carve(b, start, size, rest, tail, [this](address_block* piece) { free.insert(piece); });
   }
@@ -137,34 +136,7 @@ struct block_range {
   /// carve's twin: marks b free, merges it with its free neighbours (their nodes go back to `nodes`) and files it.
   void release(address_block* b, object_pool<address_block>& nodes) noexcept
   {
-    if (b->next != nullptr && b->next->free && (b->prev == nullptr || !b->prev->free)) return merge_into_next(b, nodes);
     free.insert(address_range::merge_free(b, [this](address_block* n) { free.remove(n); }, [&](address_block* n) { nodes.recycle(n); }));
-  }
-
-private:
-  // The usual cut and merge, at the front of a free block: the free piece after the live block takes the
-  // whole block's place in its list (tlsf_lists::refile), as removing one and filing the other would.
-
-  /// carve of the first `size` bytes of b, the rest going on in `tail`.
-  address_block* carve_front(address_block* b, std::size_t size, address_block* tail) noexcept
-  {
-    const tlsf::list_index was = free.list_of(b->size);
-    address_range::split_off(b, size, tail);
-    tail->free = true;
-    b->free = false;
-    free.refile(b, was, tail);
-    return b;
-  }
-
-  /// release of b whose next neighbour only is free.
-  void merge_into_next(address_block* b, object_pool<address_block>& nodes) noexcept
-  {
-    address_block* next = b->next;
-    const tlsf::list_index was = free.list_of(next->size);
-    b->free = true;
-    address_range::absorb_next(b, [](address_block*) {});  // next's node goes back once it is out of its list
-    free.refile(next, was, b);
-    nodes.recycle(next);
   }
 };
 

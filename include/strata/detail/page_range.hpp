@@ -40,8 +40,8 @@ struct page_span {
 /// nothing behind them), with the ordered set of the runs mapped in it. Lookups take the mapping records:
 /// anything indexed by slot whose elements have `first` and `count` (pages).
 /// Cost: within_one_mapping O(1); piece_at O(1) on a mapping's page, O(log runs) elsewhere, as gap_at;
-/// for_each_piece O(log runs + pieces), the pieces after the first read off the runs in order; unmapped_in
-/// and for_each_mapping_over O(log runs + runs over the span); grow amortized O(1) per page (it doubles).
+/// for_each_piece O(log runs + pieces), the pieces after the first read off the runs in order;
+/// for_each_mapping_over and unmapped_in O(1) over at most two mappings, else O(log runs + runs over the span); grow amortized O(1) per page (it doubles).
 struct page_range {
   static constexpr std::uint32_t no_mapping = page_state::no_mapping;
   static constexpr std::uint32_t stale_mapping = page_state::stale_mapping;
@@ -80,23 +80,38 @@ struct page_range {
   }
 
   /// Calls f(slot, lo, hi) for each mapping over pages [first, last], all of them mapped (not stale), in
-  /// order: [lo, hi] is the part of the span on it. Read off the runs, as for_each_piece's.
-  template <class F>
-  void for_each_mapping_over(std::size_t first, std::size_t last, F&& f) const noexcept
+  /// order: [lo, hi] is the part of the span on it. The first mappings are stepped over by their records (no
+  /// search: most spans cover one or two); past those, the runs are read in order, each mapping's start no
+  /// longer waiting for the one before.
+  template <class Records, class F>
+  void for_each_mapping_over(std::size_t first, std::size_t last, const Records& mappings, F&& f) const noexcept
   {
-    for (auto run = runs.first_after(first) - 1;; ++run) {
+    std::size_t lo = first;
+    for (int stepped = 0; stepped < records_stepped; ++stepped) {
+      const std::uint32_t slot = pages[lo].mapping;
+      const std::size_t hi = std::min(last, mappings[slot].first + mappings[slot].count - 1);
+      f(slot, lo, hi);
+      if (hi == last) return;
+      lo = hi + 1;
+    }
+    for (auto run = runs.first_after(lo) - 1;; ++run) {
       const std::size_t hi = std::min(last, run->first + run->count - 1);
-      f(pages[run->first].mapping, std::max(first, run->first), hi);
+      f(pages[run->first].mapping, run->first, hi);
       if (hi == last) return;
     }
   }
 
-  /// Pages of [first, last] that no run covers (nothing mapped, not stale): the gaps between the runs over
-  /// the span, read off the runs alone.
-  std::size_t unmapped_in(std::size_t first, std::size_t last) const noexcept
+  /// Pages of [first, last] that no run covers (nothing mapped, not stale). The first mappings are stepped
+  /// over by their records; from there, the gaps between the runs are read off the runs alone.
+  template <class Records>
+  std::size_t unmapped_in(std::size_t first, std::size_t last, const Records& mappings) const noexcept
   {
-    auto next = runs.first_after(first);
     std::size_t p = first;  // the first page not yet counted
+    for (int stepped = 0; stepped < records_stepped && on_mapping(p); ++stepped) {
+      p = mappings[pages[p].mapping].first + mappings[pages[p].mapping].count;
+      if (p > last) return 0;
+    }
+    auto next = runs.first_after(p);
     if (next != runs.begin()) p = std::max(p, std::min(last + 1, (next - 1)->first + (next - 1)->count));
     std::size_t unmapped = 0;
     for (; next != runs.end() && next->first <= last; ++next) {
@@ -128,6 +143,8 @@ struct page_range {
   }
 
 private:
+  static constexpr int records_stepped = 2;  ///< mappings stepped over by their records before a span's runs are searched
+
   bool on_mapping(std::size_t p) const noexcept { return p < pages.size() && pages[p].mapping < stale_mapping; }
 
   /// The piece at page p, behind a mapping.

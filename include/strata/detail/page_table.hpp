@@ -119,7 +119,7 @@ private:
   // Spans over several pages, out of line (see the top of the file). Within one mapping a span is one piece.
   [[gnu::noinline]] std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
   {
-    return r.unmapped_in(first, last);
+    return r.unmapped_in(first, last, s_.mappings);
   }
   [[gnu::noinline]] page_census census_pieces(const range& r, std::size_t first, std::size_t last) const noexcept
   {
@@ -141,7 +141,7 @@ private:
     const shared_edges shared{first, last, !add_edge(r, first, 1), !add_edge(r, last, 1)};
     std::size_t pages = 0;
     std::size_t woken = 0;
-    r.for_each_mapping_over(first, last, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
+    r.for_each_mapping_over(first, last, s_.mappings, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
       const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
       pages += n;
       woken += mapping_busier(slot, n);
@@ -158,7 +158,7 @@ private:
     const shared_edges shared{first, last, !add_edge(r, first, -1), !add_edge(r, last, -1)};
     std::size_t pages = 0;
     std::size_t idled = 0;
-    r.for_each_mapping_over(first, last, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
+    r.for_each_mapping_over(first, last, s_.mappings, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
       const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
       pages += n;
       idled += mapping_idler(slot, n);

@@ -17,7 +17,7 @@ class tlsf_lists {
 public:
   void insert(Node* b) noexcept
   {
-    const tlsf::list_index i = list_of(b->size);
+    const tlsf::list_index i = tlsf::mapping_insert(b->size / tlsf::granule);
     Node*& h = head(i);
     b->free_prev = nullptr;
     b->free_next = h;
@@ -28,26 +28,18 @@ public:
     ++count_;
   }
 
-  void remove(Node* b) noexcept { unlink(b, list_of(b->size)); }
-
-  /// The list a free block of `size` bytes is filed in.
-  static tlsf::list_index list_of(std::size_t size) noexcept { return tlsf::mapping_insert(size / tlsf::granule); }
-
-  /// Files b (not filed) in place of `old`, filed in list `was` (old's size may have changed since): what
-  /// remove(old) then insert(b) do. Where b belongs in that list too and old is its head, as for a large free
-  /// block that a small one is cut from or merges into, b just takes old's links and the bitmaps stay as they are.
-  void refile(Node* old, tlsf::list_index was, Node* b) noexcept
+  void remove(Node* b) noexcept
   {
-    if (old->free_prev != nullptr || list_of(b->size) != was) {
-      unlink(old, was);
-      insert(b);
-      return;
+    const tlsf::list_index i = tlsf::mapping_insert(b->size / tlsf::granule);
+    if (b->free_prev != nullptr) b->free_prev->free_next = b->free_next;
+    else head(i) = b->free_next;
+    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
+    if (head(i) == nullptr) {
+      second_bits_[i.first] &= ~(std::uint32_t{1} << i.second);
+      if (second_bits_[i.first] == 0) first_bits_ &= ~(std::uint64_t{1} << i.first);
     }
-    b->free_prev = nullptr;
-    b->free_next = old->free_next;
-    if (b->free_next != nullptr) b->free_next->free_prev = b;
-    head(was) = b;
-    old->free_prev = old->free_next = nullptr;
+    b->free_prev = b->free_next = nullptr;
+    --count_;
   }
 
   /// A free block of at least `bytes` (a multiple of the granule), or null. The lists above the one
@@ -132,20 +124,6 @@ public:
 
 private:
   Node*& head(tlsf::list_index i) noexcept { return heads_[i.first][i.second]; }
-
-  /// Takes b out of list i, where it is filed.
-  void unlink(Node* b, tlsf::list_index i) noexcept
-  {
-    if (b->free_prev != nullptr) b->free_prev->free_next = b->free_next;
-    else head(i) = b->free_next;
-    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
-    if (head(i) == nullptr) {
-      second_bits_[i.first] &= ~(std::uint32_t{1} << i.second);
-      if (second_bits_[i.first] == 0) first_bits_ &= ~(std::uint64_t{1} << i.first);
-    }
-    b->free_prev = b->free_next = nullptr;
-    --count_;
-  }
 
   /// The non-empty first levels from `first` up, one bit each.
   std::uint64_t levels_from(unsigned first) const noexcept { return first < 64 ? first_bits_ & (~std::uint64_t{0} << first) : 0; }
