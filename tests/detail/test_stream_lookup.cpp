@@ -434,6 +434,48 @@ TEST_CASE("stream_lookup: the owner alone, with captures announced, pays a pair 
   CHECK((checked.mark() - before).captures == 200);
 }
 
+TEST_CASE("stream_lookup: the owner alone keeping its recent frees pays a repeated pair as a push and a pop")
+{
+  asked_rig r({.check_capture = false, .reuse_recent_frees = true});
+  const identified_stream s = r.world.identify(r.world.create());
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s), 4096, 256, s);  // s owns the policy
+  auto before = r.mark();
+  for (int i = 0; i < 1000; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s), 4096, 256, s);
+  auto asked = r.mark() - before;
+  CHECK(asked.allocates + asked.frees == 0);  // the block freed last serves the next allocation of its shape
+  CHECK(asked.good_sizes == 0);
+  CHECK(asked.tag_questions == 3000);         // the freed block's tag and whether it sleeps; at reuse, whether it sleeps
+  CHECK(asked.ids + asked.captures + asked.records + asked.queries == 0);
+  CHECK(r.layer.stats().misses == 1);
+  CHECK(r.layer.stats().hits == 1000);
+  CHECK(r.layer.cached_blocks() == 1);
+
+  // A plain handle: its id once per allocation.
+  before = r.mark();
+  for (int i = 0; i < 100; ++i) r.layer.deallocate_async(r.layer.allocate_async(4096, 256, s.stream()), 4096, 256, s.stream());
+  asked = r.mark() - before;
+  CHECK(asked.ids == 100);
+  CHECK(asked.captures + asked.records + asked.queries + asked.allocates + asked.frees == 0);
+
+  // Another shape: the recent frees merge into the policy before it is asked.
+  before = r.mark();
+  void* big = r.layer.allocate_async(1 << 20, 256, s);
+  asked = r.mark() - before;
+  CHECK(asked.frees == 1);
+  CHECK(asked.allocates == 1);
+  CHECK(r.layer.cached_blocks() == 0);
+  r.layer.deallocate_async(big, 1 << 20, 256, s);
+
+  // Another stream shares the layer: they go back first, as the owner's frees, and no more are kept.
+  const identified_stream t = r.world.identify(r.world.create());
+  REQUIRE(r.layer.cached_blocks() == 1);
+  r.layer.deallocate_async(r.layer.allocate_async(4096, 256, t), 4096, 256, t);
+  CHECK(r.layer.stats().device_syncs == 1);  // the owner's frees carried no event: the newcomer waits once
+  before = r.mark();
+  pairs_on(r.layer, s, 10);
+  CHECK((r.mark() - before).frees == 10);
+}
+
 TEST_CASE("stream_lookup: the owner alone leaves its short path when a capture is announced or another stream shares the layer")
 {
   asked_rig r({.check_capture = false});

@@ -28,6 +28,18 @@ auto so_unchecked_of(Make m)
     return so<In>(m(w), opts, simulated_events(w.streams));
   };
 }
+/// stream_ordered keeping the lone owner's recent frees for its next allocations of their shape.
+template <class Make>
+auto so_recent_of(Make m, bool check_capture)
+{
+  return [m, check_capture](fuzz_world& w) {
+    using In = decltype(m(w));
+    typename so<In>::options opts{};
+    opts.check_capture = check_capture;
+    opts.reuse_recent_frees = true;
+    return so<In>(m(w), opts, simulated_events(w.streams));
+  };
+}
 template <template <class> class Box, class Make>
 auto box(Make m)
 {
@@ -46,6 +58,9 @@ const bool registered = [] {
   add("stream_ordered<mapped_pool>{check_capture=false}", so_unchecked_of(mapped));
   add("stream_ordered<coalescing_pool>{check_capture=false}", so_unchecked_of(coalescing));
   add("statistics<stream_ordered<size_class_pool>{check_capture=false}>", box<statistics>(so_unchecked_of(size_class)));
+  add("stream_ordered<mapped_pool>{reuse_recent_frees}", so_recent_of(mapped, true));
+  add("checked<stream_ordered<coalescing_pool>{reuse_recent_frees, check_capture=false}>", box<checked>(so_recent_of(coalescing, false)));
+  add("statistics<stream_ordered<size_class_pool>{reuse_recent_frees}>", box<statistics>(so_recent_of(size_class, true)));
   add("checked<stream_ordered<coalescing_pool>>", box<checked>(so_of(coalescing)));
   add("checked<stream_ordered<mapped_pool>>", box<checked>(so_of(mapped)));
   add("thread_cached<stream_ordered<coalescing_pool>>", box<thread_cached>(so_of(coalescing)));

@@ -54,6 +54,7 @@ protected:
     // An alignment the policy cannot honour is refused before any cached block goes back (allocate(0, a)
     // checks the alignment and does nothing else), so that the refused call changes nothing.
     (void)m_.policy.allocate(0, sh.align);
+    l().give_back_recent();  // before the policy is made safe for this stream: they are the owner's frees
     if (m_.ledger.pending() > 0) {  // other streams keep their blocks until the policy would grow (docs/architecture.md)
       l().reap_owner();
       reap(s);
@@ -87,6 +88,7 @@ protected:
   /// pool wants (its memory belongs to the pool, not to a graph); PyTorch relaxes the mode the same way.
   void* grow_policy(const shape& sh)
   {
+    l().give_back_recent_for(sh);
     return l().relaxed_while_capturing([&] { return m().policy.allocate(sh.request, sh.align); });
   }
 

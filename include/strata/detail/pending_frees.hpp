@@ -102,6 +102,7 @@ protected:
   void wait_for_pending_frees(bool policy_too)
   {
     auto& m_ = m();
+    l().give_back_recent();  // the owner's frees: covered by the waits below like any other
     const bool owner_dirty = policy_too && !l().policy_clean();
     if (m_.cache.blocks() == 0 && m_.deferred.blocks.empty() && !owner_dirty) return;
     l().refuse_host_wait_under_capture();
@@ -134,6 +135,7 @@ protected:
   void return_everything() noexcept
   {
     auto& m_ = m();
+    l().give_back_recent();
     // The layer is going away: its graphs must be gone too (a box outlives its blocks). Free pool blocks join
     // the set-aside frees; live ones stay with their holders.
     while (!m_.graphs.pools().empty()) {

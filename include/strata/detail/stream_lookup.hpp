@@ -7,6 +7,7 @@
 #include <exception>
 
 #include <strata/core/config.hpp>
+#include <strata/detail/block_tags.hpp>
 #include <strata/detail/stream_cache.hpp>
 #include <strata/stream/cuda_events.hpp>
 
@@ -49,8 +50,10 @@ protected:
     if (known_id == nullptr) known_id = &(looked_up = m_.backend.id_of(stream));  // no capture to break: quiet
     if (!alone_with(*known_id)) return nullptr;
     m_.own.owner->handle = stream;
-    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
+    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment, allocation_tag(m_.policy));
+    if (void* p = l().reuse_recent(sh)) return p;
     ++m_.stats.misses;
+    l().give_back_recent_for(sh);
     return m_.policy.allocate(sh.request, sh.align);
   }
 
@@ -76,8 +79,7 @@ protected:
     const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
     o->handle = stream;
     ++o->recent_frees;
-    m_.policy.deallocate(p, sh.request, sh.align);
-    ++m_.own.policy_seq;
+    l().owner_free(p, sh);
     return true;
   }
 

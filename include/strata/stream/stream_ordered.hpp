@@ -24,6 +24,7 @@
 #include <strata/detail/graph_router.hpp>
 #include <strata/detail/miss_path.hpp>
 #include <strata/detail/pending_frees.hpp>
+#include <strata/detail/recent_frees.hpp>
 #include <strata/detail/stream_cache.hpp>
 #include <strata/detail/stream_lookup.hpp>
 #include <strata/detail/resource_device.hpp>
@@ -37,7 +38,8 @@ namespace strata {
 /// (docs/architecture.md, "Stream-ordered reuse", has the whole design).
 ///
 /// One stream at a time owns the policy: its frees go straight back (the policy sees exactly the calls it
-/// would see without this layer). A block freed on another stream is cached there (detail::stream_cache) and
+/// would see without this layer), or with `reuse_recent_frees` wait unmerged for its next allocations of their
+/// shape until the policy is next asked (detail::recent_frees). A block freed on another stream is cached there (detail::stream_cache) and
 /// reused at once, under its own tag only (detail/block_tags.hpp); it reaches the policy, or another
 /// stream, only after an event recorded behind it (detail::event_ledger) completes or the taker is made to
 /// wait for it on the GPU. Synchronous frees are set aside until a device-wide wait. Allocations made under
@@ -51,7 +53,8 @@ namespace strata {
 /// the policy.
 ///
 /// Models: stream_resource (CCCL 3.0 async_resource and the 3.1 names), owning/sized/usage when the policy
-/// is; the policy's properties. Cost: on the owner, the policy's allocate or free and a few comparisons, plus
+/// is; the policy's properties. Cost: on the owner, the policy's allocate or free (a recent free's reuse: a
+/// pop) and a few comparisons, plus
 /// the stream's lookup (detail::stream_lookup): with `check_capture` a capture query (none without it, when
 /// captures are announced); for a plain handle the id lookup besides (both in one backend call where the
 /// backend answers them together: capture_then_id_backend); a capture query for every stream
@@ -91,6 +94,11 @@ public:
     /// known, as in PyTorch's caching allocator, and an identified_stream then costs no driver call.
     bool check_capture = true;
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
+    /// Keep the lone owner's recent frees unmerged (detail::recent_frees): a loop that frees and allocates the
+    /// same shapes on one stream then reuses a block with a pop, without asking the policy. Off, the policy
+    /// sees exactly the calls it would see without this layer and holds exactly the memory; on, its blocks
+    /// land elsewhere, which moves the memory held by a few thousandths either way (docs/memory.md).
+    bool reuse_recent_frees = false;
     /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see docs/architecture.md).
     /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
     /// while another stream needed them within this many of the owner's frees; past it they carry none, and
@@ -209,6 +217,7 @@ public:
   {
     collect_released_pools();
     this->refuse_host_wait_under_capture();  // the policy's release frees chunks (cudaFree waits, illegal in capture)
+    give_back_recent();
     this->wait_for_pending_frees(policy_too);
     if constexpr (releasable_resource<Policy>) if (policy_too) m_.policy.release();
   }
@@ -281,15 +290,15 @@ public:
     requires usage_reporting_resource<Policy>
   {
     strata::usage u = m_.policy.usage();
-    u.in_use -= m_.cache.bytes() + m_.deferred.bytes;
-    u.used_blocks -= m_.cache.blocks() + m_.deferred.blocks.size();
-    u.free_blocks += m_.cache.blocks() + m_.deferred.blocks.size();
+    u.in_use -= cached_bytes() + m_.deferred.bytes;
+    u.used_blocks -= cached_blocks() + m_.deferred.blocks.size();
+    u.free_blocks += cached_blocks() + m_.deferred.blocks.size();
     return u;
   }
 
-  /// Bytes and blocks freed by streams and not yet back in the policy.
-  std::size_t cached_bytes() const noexcept { return m_.cache.bytes(); }
-  std::size_t cached_blocks() const noexcept { return m_.cache.blocks(); }
+  /// Bytes and blocks freed by streams and not yet back in the policy (the lone owner's recent frees included).
+  std::size_t cached_bytes() const noexcept { return m_.cache.bytes() + m_.recent.bytes(); }
+  std::size_t cached_blocks() const noexcept { return m_.cache.blocks() + m_.recent.blocks(); }
   /// Synchronous frees waiting for a device-wide wait.
   std::size_t set_aside_blocks() const noexcept { return m_.deferred.blocks.size(); }
   /// Events recorded and not yet seen complete.
@@ -348,6 +357,7 @@ private:
     if (!this->id_to_allocate(sh, stream, known_id, id, pooled)) return pooled;
     if (this->alone_with(id)) [[likely]] {  // the capture query answered: the lone owner's short path
       m_.own.owner->handle = stream;
+      if (void* p = reuse_recent(sh)) return p;
       ++m_.stats.misses;
       return this->grow_policy(sh);
     }
@@ -391,8 +401,7 @@ private:
     if (stream_state* o = m_.own.owner; o != nullptr && o->id == id && !m_.own.shared) [[likely]] {  // the owner alone: inline
       o->handle = stream;
       ++o->recent_frees;
-      m_.policy.deallocate(p, sh.request, sh.align);
-      ++m_.own.policy_seq;
+      owner_free(p, sh);
       return;
     }
     deallocate_on_other(p, sh, stream, id);
@@ -452,8 +461,56 @@ private:
   stream_state& state_of(std::uint64_t id, cuda::stream_ref stream)
   {
     const auto [s, added] = m_.cache.find_or_add(id, stream, [&] { return m_.backend.device_of(stream); });
-    if (added) m_.own.shared = m_.own.shared || m_.cache.streams() > 1;  // from now on the owner's frees carry events
+    if (added && !m_.own.shared && m_.cache.streams() > 1) {  // from now on the owner's frees carry events
+      give_back_recent();  // as the owner's frees made before: the policy is made safe for the newcomer
+      m_.own.shared = true;
+    }
     return *s;
+  }
+
+  /// A free by the owner alone: kept for its next allocation of the shape (detail::recent_frees), else
+  /// straight back to the policy, numbered as the owner's. A sleeping tag's block goes back at once: the policy
+  /// drops it from the tag's backup.
+  void owner_free(void* p, shape sh) noexcept
+  {
+    if (!m_.opts.reuse_recent_frees) return policy_free(p, sh.request, sh.align);
+    sh.tag = detail::block_tag(m_.policy, p);
+    if (detail::tag_sleeps(m_.policy, sh.tag) ||
+        !m_.recent.keep(p, sh, [this](void* q, std::size_t request, std::size_t align) { policy_free(q, request, align); }))
+      policy_free(p, sh.request, sh.align);
+  }
+  void policy_free(void* p, std::size_t request, std::size_t align) noexcept
+  {
+    m_.policy.deallocate(p, request, align);
+    ++m_.own.policy_seq;
+  }
+  /// The owner alone reuses its own recent free of the shape: its stream ordered it. Null when none, or when
+  /// the tag sleeps (paused on the policy directly): the block goes back, and the policy refuses the request.
+  void* reuse_recent(const shape& sh) noexcept
+  {
+    void* p = m_.recent.take(sh.key, sh.tag);
+    if (p == nullptr) return nullptr;
+    if (detail::tag_sleeps(m_.policy, sh.tag)) [[unlikely]] {
+      policy_free(p, sh.request, sh.align);
+      return nullptr;
+    }
+    ++m_.stats.hits;
+    return p;
+  }
+  /// Every recent free goes to the policy, where it merges: before the policy is asked for a block, before
+  /// another stream shares the layer, on release and at the end.
+  void give_back_recent() noexcept
+  {
+    if (!m_.recent.empty()) m_.recent.give_back_all([this](void* q, std::size_t request, std::size_t align) { policy_free(q, request, align); });
+  }
+  /// The same before the policy is asked for `sh`, so they merge before it places the request, as without the
+  /// layer; an alignment the policy may refuse is refused first (allocate(0, a) checks it and does nothing
+  /// else; every policy honours the default), so that the refused call changes nothing.
+  void give_back_recent_for(const shape& sh)
+  {
+    if (m_.recent.empty()) return;
+    if (sh.align > default_alignment) (void)m_.policy.allocate(0, sh.align);
+    give_back_recent();
   }
 
   void* hand_out(node* n) noexcept
@@ -480,6 +537,7 @@ private:
     detail::event_ledger<event> ledger{};
     detail::emptied_on_move<detail::owner_books<event>> own{};
     detail::emptied_on_move<detail::set_aside_frees> deferred{};
+    detail::emptied_on_move<detail::recent_frees> recent{};  ///< the lone owner's, unmerged
     detail::capture_guard captures{};
     detail::graph_router<detail::set_aside> graphs{};
     detail::emptied_on_move<counters> stats{};
