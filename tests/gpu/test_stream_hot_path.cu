@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include <strata/default_pool.hpp>
 #include <strata/policy/coalescing_pool.hpp>
@@ -337,4 +338,30 @@ TEST_CASE("stream hot path: a lone owner's handle reused by a new stream: its fr
   REQUIRE(cudaEventDestroy(done) == cudaSuccess);
   REQUIRE(cudaFree(out) == cudaSuccess);
 }
+}
+
+TEST_CASE("stream hot path: the legacy stream's remembered id is the driver's, on every thread and after a device switch")
+{
+  const cuda::stream_ref legacy{cudaStreamLegacy};
+  const std::uint64_t driver = identify(legacy).id();
+  for (int i = 0; i < 3; ++i) CHECK(cuda_events{}.id_of(legacy) == driver);
+  CHECK(cuda_events{}.id_of(cuda::stream_ref{cudaStream_t{}}) == driver);  // handle 0 names it in this compilation mode
+  std::uint64_t on_thread = 0, fresh_thread_driver = 1;
+  std::thread([&] {
+    on_thread = cuda_events{}.id_of(legacy);  // no context current yet on this thread: asked, which binds one
+    fresh_thread_driver = identify(legacy).id();
+  }).join();
+  CHECK(on_thread == fresh_thread_driver);
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices > 1) {
+    int current = 0;
+    REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+    REQUIRE(cudaSetDevice(current == 0 ? 1 : 0) == cudaSuccess);
+    const std::uint64_t other = cuda_events{}.id_of(legacy);
+    CHECK(other == identify(legacy).id());
+    CHECK(other != driver);  // another context's legacy stream
+    REQUIRE(cudaSetDevice(current) == cudaSuccess);
+    CHECK(cuda_events{}.id_of(legacy) == driver);
+  }
 }

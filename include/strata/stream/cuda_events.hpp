@@ -112,14 +112,19 @@ concept graph_backend = event_backend<B> && requires(B& b, cuda::stream_ref s, v
 inline namespace STRATA_DEFAULT_STREAM_MODE {
 
 /// Real CUDA streams: ids from strata::identify (the driver's cuStreamGetId, which also resolves the legacy and
-/// per-thread default streams; handle 0 as this translation unit's compilation mode means it), events created
+/// per-thread default streams; handle 0 as this translation unit's compilation mode means it; the legacy
+/// stream's remembered per thread and context: legacy_stream_id), events created
 /// with timing disabled (cheaper to record). Its calls take handle 0 as the mode says, so the type lives in the
 /// mode's inline namespace (see identified_stream.hpp).
 /// Every call is a CUDA runtime call; every failure is a strata::cuda_error. Stateless and thread-safe.
 struct cuda_events {
   using event = cudaEvent_t;
 
-  std::uint64_t id_of(cuda::stream_ref stream) const { return identify(stream).id(); }
+  std::uint64_t id_of(cuda::stream_ref stream) const
+  {
+    if (explicit_stream(stream).get() == cudaStreamLegacy) return legacy_stream_id();
+    return identify(stream).id();
+  }
   event make_event() const
   {
     cudaEvent_t e = nullptr;

@@ -69,6 +69,14 @@ inline is_capturing_fn driver_is_capturing() noexcept
   return fn;
 }
 
+/// The driver's cuCtxGetCurrent, found the same way: a thread-local read in the driver.
+using current_context_fn = int (*)(void**);
+inline current_context_fn driver_current_context() noexcept
+{
+  static const auto fn = driver_entry_point<current_context_fn>("cuCtxGetCurrent");
+  return fn;
+}
+
 } // namespace detail
 
 inline namespace STRATA_DEFAULT_STREAM_MODE {
@@ -98,6 +106,21 @@ inline identified_stream identify(cuda::stream_ref stream)
     return {named, id};
   detail::cuda_check(cudaStreamGetId(named.get(), &id), "cudaStreamGetId");
   return {named, id};
+}
+
+/// The legacy default stream's id, remembered per thread for the context last current: that stream lives as
+/// long as its context, so its id never changes under one context, and the context is a cheaper question
+/// than the id. Asked again whenever another context is current, or none is (identify then binds one).
+inline std::uint64_t legacy_stream_id()
+{
+  thread_local void* context = nullptr;
+  thread_local std::uint64_t id = 0;
+  void* current = nullptr;
+  const auto ask = detail::driver_current_context();
+  if (ask != nullptr && ask(&current) == 0 && current != nullptr && current == context) return id;
+  id = identify(cuda::stream_ref{cudaStreamLegacy}).id();
+  context = current;  // null when the driver could not say: asked again next time
+  return id;
 }
 
 } // namespace STRATA_DEFAULT_STREAM_MODE
