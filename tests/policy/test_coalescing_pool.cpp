@@ -354,6 +354,19 @@ TEST_CASE("coalescing_pool: chunks are sized to the need")
     CHECK(pool.usage().chunks == 2);
     CHECK(upstream.allocations() == 2);
   }
+  SUBCASE("but never a wholly free large chunk: the small block would keep it from going back")
+  {
+    void* big = pool.allocate(300 << 10);  // a large chunk of 2 MiB
+    pool.deallocate(big, 300 << 10);       // wholly free again
+    REQUIRE(pool.usage().chunks == 1);
+    void* small = pool.allocate(1000);
+    CHECK(upstream.frees() == 1);  // the idle large chunk went back before the pool grew a small one
+    CHECK(pool.usage().chunks == 1);
+    CHECK(pool.usage().reserved == 2 * MiB);
+    pool.deallocate(small, 1000);
+    pool.release();
+    CHECK(pool.usage().reserved == 0);
+  }
   SUBCASE("without small_uses_large_free, small requests never take a large chunk's free space")
   {
     pool_over_spy apart{ref(upstream), {.small_uses_large_free = false}};

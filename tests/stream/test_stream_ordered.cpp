@@ -232,6 +232,22 @@ TEST_CASE("stream_ordered: with one stream the policy sees exactly the calls it 
   CHECK(world.calls().host_waits + world.calls().stream_waits + world.calls().device_waits == 0);
 }
 
+TEST_CASE("stream_ordered: a route opened while the owner's recent frees are kept waits for them, so its graph never races them")
+{
+  rig<> r(64 << 20, {.check_capture = false, .reuse_recent_frees = true});
+  const cuda::stream_ref a = r.world.create();
+  make_owner(r, a);
+  r.layer.release();  // every free known complete: the policy is clean
+  void* x = r.allocate(4096, a);
+  r.world.launch(a);
+  r.free(x, 4096, a);  // kept: a's kernel may still be using x
+  REQUIRE(r.layer.cached_blocks() == 1);
+  r.layer.begin_allocate_to_pool(7);
+  CHECK(r.layer.cached_blocks() == 0);
+  CHECK(r.world.completed(r.world.id_of(a)) == r.world.enqueued(r.world.id_of(a)));
+  r.layer.end_allocate_to_pool(7);
+}
+
 TEST_CASE("stream_ordered: another stream waits on the GPU for the owner's frees before taking from the policy")
 {
   rig<> r(64 << 20);

@@ -171,6 +171,7 @@ protected:
       } catch (const usage_error&) {
         capture_on = true;
       }
+      if (!capture_on) l().give_back_recent();  // the owner's frees: the wait below covers them as any other
       if (!capture_on && (!l().policy_clean() || m_.cache.blocks() > 0 || !m_.deferred.blocks.empty()))
         l().wait_for_pending_frees(/*policy_too=*/true);
     } catch (...) {

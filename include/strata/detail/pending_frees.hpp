@@ -102,7 +102,10 @@ protected:
   void wait_for_pending_frees(bool policy_too)
   {
     auto& m_ = m();
-    l().give_back_recent();  // the owner's frees: covered by the waits below like any other
+    if (!l().recent_frees_empty()) {
+      l().refuse_host_wait_under_capture();
+      l().give_back_recent();  // the owner's frees: covered by the waits below like any other
+    }
     const bool owner_dirty = policy_too && !l().policy_clean();
     if (m_.cache.blocks() == 0 && m_.deferred.blocks.empty() && !owner_dirty) return;
     l().refuse_host_wait_under_capture();

@@ -2,8 +2,8 @@
 // The lone owner's recent frees in stream_ordered: blocks kept unmerged, by shape and tag, for the owner's next
 // allocations of the same shape. A loop that frees and allocates the same shapes on one stream then reuses a
 // block with a pop instead of a split and a merge in the policy. Kept only while nothing else could want the
-// memory: stream_ordered gives them all back before the policy is asked for anything, before another stream
-// shares the layer, and on release.
+// memory: stream_ordered gives them all back before the policy is asked for a block, before another stream
+// shares the layer, before a host wait for pending frees, and on release.
 #include <bit>
 #include <cstddef>
 #include <cstdint>

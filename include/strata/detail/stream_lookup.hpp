@@ -27,8 +27,9 @@ namespace strata::detail {
 ///   the layer (owner_alone_on).
 /// - The owner alone with the policy, with nothing to ask about captures or pools (quiet), needs nothing else
 ///   either: its allocate and free go straight to the policy (allocate_alone, free_alone), as one stream's
-///   calls would without the layer. Asked about captures, its allocation goes straight to the policy once
-///   the query answers (alone_with).
+///   calls would without the layer, or, with reuse_recent_frees, its own recent free of the shape serves the
+///   allocation. Asked about captures, its allocation is served the same way once the query answers
+///   (alone_with).
 /// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
 /// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
 /// stream's blocks. Models nothing; holds nothing. Cost: while no capture may be under way, an identified
@@ -37,11 +38,12 @@ namespace strata::detail {
 template <class Layer, class Backend>
 class stream_lookup {
 protected:
-  /// An allocation by the owner alone, served as the policy alone would serve it; null when the call needs
-  /// more. Alone: no other stream has used the layer, nothing is cached, pending or set aside, so there is
-  /// nothing to reuse, reap or order after; and quiet (quiet()): no capture to ask about, no private pool to
-  /// collect or serve from. A plain handle's id is asked here, the only time this call asks it (`looked_up`,
-  /// and `known_id` then points to it). A sleeping tag needs no check: the policy refuses it.
+  /// An allocation by the owner alone, served by its own recent free of the shape or as the policy alone
+  /// would serve it; null when the call needs more. Alone: no other stream has used the layer, no other
+  /// stream's block is cached, nothing pending or set aside, so there is nothing else to reuse, reap or order
+  /// after; and quiet (quiet()): no capture to ask about, no private pool to collect or serve from. A plain
+  /// handle's id is asked here, the only time this call asks it (`looked_up`, and `known_id` then points to
+  /// it). A sleeping tag is the policy's to refuse (its recent frees are never reused).
   void* allocate_alone(std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t*& known_id,
                        std::uint64_t& looked_up)
   {
@@ -52,8 +54,8 @@ protected:
     m_.own.owner->handle = stream;
     const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment, allocation_tag(m_.policy));
     if (void* p = l().reuse_recent(sh)) return p;
-    ++m_.stats.misses;
     l().give_back_recent_for(sh);
+    ++m_.stats.misses;
     return m_.policy.allocate(sh.request, sh.align);
   }
 

@@ -237,11 +237,15 @@ private:
   static bool whole_chunk(const block* b) noexcept { return b->prev == nullptr && b->next == nullptr; }
 
   /// A free block for `search` bytes of a request of `band`, or null: the band's own lists, then, for a
-  /// small request, the large ones (the piece stays in its chunk's band: it merges back there when freed).
+  /// small request, the large ones (the piece stays in its chunk's band: it merges back there when freed),
+  /// but never a wholly free large chunk: a small block there would keep the whole chunk from going back.
   block* find_free(unsigned band, std::size_t search) const noexcept
   {
     block* b = bands_[band].find(search, opts_.exact_fit_scan);
-    if (b == nullptr && band == small_band && opts_.small_uses_large_free) b = bands_[large_band].find(search, opts_.exact_fit_scan);
+    if (b == nullptr && band == small_band && opts_.small_uses_large_free) {
+      b = bands_[large_band].find(search, opts_.exact_fit_scan);
+      if (b != nullptr && whole_chunk(b)) b = nullptr;
+    }
     return b;
   }
 

@@ -110,7 +110,10 @@ inline identified_stream identify(cuda::stream_ref stream)
 
 /// The legacy default stream's id, remembered per thread for the context last current: that stream lives as
 /// long as its context, so its id never changes under one context, and the context is a cheaper question
-/// than the id. Asked again whenever another context is current, or none is (identify then binds one).
+/// than the id. Asked again whenever another context is current, or none is (identify then binds one). A
+/// context destroyed and another made at the same address (a device reset) leaves this thread the old
+/// stream's id: ids are never reused, so that stream is at worst taken for two, whose blocks then wait for
+/// each other as any two streams' do, never for another stream.
 inline std::uint64_t legacy_stream_id()
 {
   thread_local void* context = nullptr;

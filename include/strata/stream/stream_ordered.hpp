@@ -96,8 +96,8 @@ public:
     bool graph_pools = true;  ///< serve allocations under capture from a private pool per capture (needs a graph_backend)
     /// Keep the lone owner's recent frees unmerged (detail::recent_frees): a loop that frees and allocates the
     /// same shapes on one stream then reuses a block with a pop, without asking the policy. Off, the policy
-    /// sees exactly the calls it would see without this layer and holds exactly the memory; on, its blocks
-    /// land elsewhere, which moves the memory held by a few thousandths either way (docs/memory.md).
+    /// sees exactly the calls it would see without this layer and holds exactly the memory; on, later blocks
+    /// land elsewhere than they would without it, so the memory held can differ, either way.
     bool reuse_recent_frees = false;
     /// Not used while the owner is permanent (the legacy stream: its frees carry no event, see docs/architecture.md).
     /// Once another stream shares the layer, the owner's frees carry events (one cudaEventRecord each) only
@@ -499,6 +499,7 @@ private:
   }
   /// Every recent free goes to the policy, where it merges: before the policy is asked for a block, before
   /// another stream shares the layer, on release and at the end.
+  bool recent_frees_empty() const noexcept { return m_.recent.empty(); }
   void give_back_recent() noexcept
   {
     if (!m_.recent.empty()) m_.recent.give_back_all([this](void* q, std::size_t request, std::size_t align) { policy_free(q, request, align); });
