@@ -130,40 +130,31 @@ private:
     });
     return c;
   }
-  [[gnu::noinline]] void hold_span(range& r, std::size_t first, std::size_t last) noexcept
+  void hold_span(range& r, std::size_t first, std::size_t last) noexcept { change_span<+1>(r, first, last); }
+  void let_go_span(range& r, std::size_t first, std::size_t last) noexcept { change_span<-1>(r, first, last); }
+  /// One live block more (Delta +1) or fewer (-1) on every page of the span.
+  template <int Delta>
+  [[gnu::noinline]] void change_span(range& r, std::size_t first, std::size_t last) noexcept
   {
     if (within_one_mapping(r, first, last)) {
       const std::uint32_t slot = r.pages[first].mapping;
-      busy_more(slot, last - first - 1 + add_edge(r, first, 1) + add_edge(r, last, 1));
+      const std::size_t n = last - first - 1 + add_edge(r, first, Delta) + add_edge(r, last, Delta);
+      if constexpr (Delta > 0) busy_more(slot, n);
+      else busy_less(slot, n);
       return;
     }
     // The pool's totals change once for the span: changed per mapping, each change would wait for the one before.
-    const shared_edges shared{first, last, !add_edge(r, first, 1), !add_edge(r, last, 1)};
+    const shared_edges shared{first, last, !add_edge(r, first, Delta), !add_edge(r, last, Delta)};
     std::size_t pages = 0;
-    std::size_t woken = 0;
+    std::size_t flipped = 0;  // mappings woken (held) or idled (let go)
     r.for_each_mapping_over(first, last, s_.mappings, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
       const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
       pages += n;
-      woken += mapping_busier(slot, n);
+      if constexpr (Delta > 0) flipped += mapping_busier(slot, n);
+      else flipped += mapping_idler(slot, n);
     });
-    count_busier(pages, woken);
-  }
-  [[gnu::noinline]] void let_go_span(range& r, std::size_t first, std::size_t last) noexcept
-  {
-    if (within_one_mapping(r, first, last)) {
-      const std::uint32_t slot = r.pages[first].mapping;
-      busy_less(slot, last - first - 1 + add_edge(r, first, -1) + add_edge(r, last, -1));
-      return;
-    }
-    const shared_edges shared{first, last, !add_edge(r, first, -1), !add_edge(r, last, -1)};
-    std::size_t pages = 0;
-    std::size_t idled = 0;
-    r.for_each_mapping_over(first, last, s_.mappings, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
-      const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
-      pages += n;
-      idled += mapping_idler(slot, n);
-    });
-    count_idler(pages, idled);
+    if constexpr (Delta > 0) count_busier(pages, flipped);
+    else count_idler(pages, flipped);
   }
 
   bool within_one_mapping(const range& r, std::size_t first, std::size_t last) const noexcept
