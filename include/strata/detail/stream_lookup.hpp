@@ -52,7 +52,8 @@ protected:
     if (known_id == nullptr) known_id = &(looked_up = m_.backend.id_of(stream));  // no capture to break: quiet
     if (!alone_with(*known_id)) return nullptr;
     m_.own.owner->handle = stream;
-    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment, allocation_tag(m_.policy));
+    const tag_id tag = m_.opts.reuse_recent_frees ? allocation_tag(m_.policy) : 0;  // read only where recent frees are kept
+    const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment, tag);
     if (void* p = l().reuse_recent(sh)) return p;
     l().give_back_recent_for(sh);
     ++m_.stats.misses;

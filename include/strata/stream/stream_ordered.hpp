@@ -488,6 +488,7 @@ private:
   /// the tag sleeps (paused on the policy directly): the block goes back, and the policy refuses the request.
   void* reuse_recent(const shape& sh) noexcept
   {
+    if (m_.recent.empty()) return nullptr;
     void* p = m_.recent.take(sh.key, sh.tag);
     if (p == nullptr) return nullptr;
     if (detail::tag_sleeps(m_.policy, sh.tag)) [[unlikely]] {
