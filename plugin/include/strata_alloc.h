@@ -54,6 +54,16 @@ STRATA_ALLOC_API void strata_set_memory_fraction(double fraction, int device);  
 STRATA_ALLOC_API void strata_record_stream(void* ptr, cudaStream_t stream);      /* set_record_stream_fn: void(void*, cudaStream_t) */
 STRATA_ALLOC_API void* strata_base_alloc(void* ptr, size_t* size);               /* set_base_alloc_fn: void*(void*, size_t*) */
 
+/* ---- Sharing a block with another process (torch.multiprocessing) -------------------------------------- */
+/* Page-mapped stacks (stack=default): the physical allocations behind the live block starting at ptr, in
+ * address order: each one's size into mapping_bytes[i] and a new POSIX file descriptor for it into fds[i]
+ * (cuMemExportToShareableHandle; the caller owns and closes them), and ptr's offset in the first into *offset.
+ * Returns how many allocations there are; where that is more than `capacity` nothing is exported (call again
+ * with room for them). 0: ptr is not page-mapped memory of a strata stack (a cudaMalloc'd stack's block is
+ * shared with cudaIpcGetMemHandle). -1 with strata_last_error(): ptr lies in a stack's memory but starts no
+ * live block, or the driver refused. A driver call per allocation. */
+STRATA_ALLOC_API long strata_share_block(void* ptr, size_t* offset, size_t* mapping_bytes, int* fds, size_t capacity);
+
 /* ---- Configuration ------------------------------------------------------------------------------------ */
 STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */
 STRATA_ALLOC_API int strata_check_env(void);               /* parses STRATA_ALLOC_CONF now: 0 ok / nonzero + message */

@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <strata_alloc.h>
 
@@ -25,6 +26,7 @@
 #include <strata/stream/cuda_events.hpp>
 #include <strata/stream/identified_stream.hpp>
 
+#include "ipc_handles.hpp"
 #include "recorded_uses.hpp"
 
 namespace strata::plugin {
@@ -79,6 +81,11 @@ public:
   virtual void begin_allocate_to_pool(std::uint64_t pool, std::function<bool(cudaStream_t)> filter) = 0;
   virtual void end_allocate_to_pool(std::uint64_t pool) = 0;
   virtual void release_pool(std::uint64_t pool) = 0;
+  /// Page-mapped stacks: the block starting at p as another process maps it (the descriptors are new, owned by
+  /// the result); empty for a stack without page mapping. std::invalid_argument where p starts no live block,
+  /// std::logic_error where the pages were made unexportable; nothing stays open after a failure. A driver
+  /// call per allocation behind the block.
+  virtual shared_block share(const void* p) const = 0;
   /// Sleep and wake by tag (docs/sleep_wake.md): pause first gives back every block held for recorded uses
   /// (waiting for them), as release() does. std::logic_error where the stack's policy has no tags.
   virtual void pause(std::span<const tag_id> tags, bool backup) = 0;
@@ -168,6 +175,20 @@ public:
       c.relocations = inner().policy().relocations();
     }
     return c;
+  }
+
+  shared_block share(const void* p) const override
+  {
+    using policy_type = std::remove_cvref_t<decltype(inner().policy())>;
+    if constexpr (requires(const policy_type& pol, const typename policy_type::backing& b) {
+                    pol.backing_of(p);
+                    pol.backend().export_fd(b.page);
+                  }) {
+      const auto& policy = inner().policy();
+      return share_of(policy, p, [&](const auto& page) { return policy.backend().export_fd(page); });
+    } else {
+      return {};
+    }
   }
 
   std::string snapshot_json() const override

@@ -198,6 +198,22 @@ std::vector<int> peers_for(const alloc_conf& c, int device)
   return peers;
 }
 
+/// Whether the device's physical allocations can be exported as POSIX file descriptors, which is how another
+/// process maps a page-mapped block (torch.multiprocessing; ipc_handles.hpp). Asked, not assumed: cuMemCreate
+/// refuses a handle type the device lacks, and the pages must still be made there.
+bool exports_descriptors(int device)
+{
+  using get_fn = CUresult (*)(CUdevice*, int);
+  using attribute_fn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  static const auto get = strata::detail::driver_entry_point<get_fn>("cuDeviceGet");
+  static const auto attribute = strata::detail::driver_entry_point<attribute_fn>("cuDeviceGetAttribute");
+  if (get == nullptr || attribute == nullptr) return false;
+  CUdevice dev = 0;
+  int supported = 0;
+  return get(&dev, device) == CUDA_SUCCESS &&
+         attribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) == CUDA_SUCCESS && supported != 0;
+}
+
 std::string trace_path(const alloc_conf& c, int device)
 {
   return device == 0 ? c.record : c.record + "." + std::to_string(device);
@@ -243,6 +259,7 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     o.device = device;
     o.max_physical = s.cap;
     o.peers = peers_for(c, device);
+    if (exports_descriptors(device)) o.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // torch.multiprocessing
     o.stream = stream_options<default_pool>(c);
     if (c.reclaim == alloc_conf::reclaim_mode::never) o.pool.reclaim_slack = SIZE_MAX;
     o.pool.relocate_idle = c.reclaim == alloc_conf::reclaim_mode::relocate_idle;
@@ -648,6 +665,34 @@ void strata_record_stream(void* ptr, cudaStream_t stream)
     return;
   }
   set_error("record_stream", std::string("the pointer is not a strata block"));
+}
+
+long strata_share_block(void* ptr, size_t* offset, size_t* mapping_bytes, int* fds, size_t capacity)
+{
+  if (ptr == nullptr) return 0;
+  for (int d = 0; d < max_devices; ++d) {
+    device_slot* s = built_slot(d);
+    if (s == nullptr) continue;
+    slot_lock lock(*s);
+    if (!s->stack->owns(ptr)) continue;
+    try {
+      strata::plugin::shared_block b = s->stack->share(ptr);
+      const std::size_t n = b.fds.size();
+      if (n == 0 || n > capacity) return static_cast<long>(n);  // too little room: the descriptors close here
+      if (offset == nullptr || mapping_bytes == nullptr || fds == nullptr)
+        throw std::invalid_argument("null output for " + std::to_string(n) + " mappings");
+      *offset = b.offset;
+      for (std::size_t i = 0; i < n; ++i) {
+        mapping_bytes[i] = b.mapping_bytes[i];
+        fds[i] = b.fds[i].release();
+      }
+      return static_cast<long>(n);
+    } catch (const std::exception& e) {
+      set_error("share_block", e);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 void* strata_base_alloc(void* ptr, size_t* size)

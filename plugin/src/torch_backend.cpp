@@ -13,6 +13,8 @@
 // and its calls into the stack, which take no lock of their own inside it: one lock per allocation or free.
 // Frames are gathered before it (the context recorder may take the GIL). A free finds its device by looking the
 // pointer up in each device's table.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -41,9 +43,12 @@
 
 #include <strata_alloc.h>
 
+#include <strata/ipc/imported_block.hpp>
+
 #include "block_table.hpp"
 #include "device_statistics.hpp"
 #include "figures_of.hpp"
+#include "ipc_handles.hpp"
 #include "memory_history.hpp"
 
 namespace {
@@ -58,8 +63,7 @@ static_assert(static_cast<int>(strata::plugin::trace_action::oom) == static_cast
 static_assert(static_cast<int>(strata::plugin::context_mode::all) == static_cast<int>(caching::RecordContext::ALL));
 static_assert(static_cast<std::size_t>(c10::CachingAllocator::StatType::NUM_TYPES) == strata::plugin::pool_kinds);
 
-constexpr char ipc_handle_version = 2;  // PyTorch 2.11's shareable handle: version, type, cudaIpcMemHandle_t
-constexpr char ipc_cuda_malloc = 'c';
+static_assert(sizeof(cudaIpcMemHandle_t) == strata::plugin::decoded_handle::cuda_handle_bytes);
 
 /// Bytes as PyTorch's messages write them ("20.00 MiB"). snprintf, not an ostream: where the toolchain links
 /// the C++ library statically into each shared object, a floating-point ostream insertion here may resolve to
@@ -114,6 +118,12 @@ public:
   {
     if (held_) strata_device_unlock(device_);
     held_ = false;
+  }
+  void lock()
+  {
+    if (held_) return;
+    TORCH_CHECK(strata_device_lock(device_) == 0, "strata: ", strata_last_error());
+    held_ = true;
   }
 
 private:
@@ -436,49 +446,56 @@ public:
     return out;
   }
 
+  // torch.multiprocessing (Note [PyTorch's shareable handles], ipc_handles.hpp). PyTorch keeps a shared block
+  // alive in the exporter until every importer has released it (its reference-counting files and "limbo",
+  // torch/csrc/CudaIPCTypes.cpp); the backend keeps the block's descriptors open until the block is freed.
   alloc::ShareableHandle shareIpcHandle(void* ptr) override
   {
-    size_t base_size = 0;
-    void* base = strata_base_alloc(ptr, &base_size);
-    cudaIpcMemHandle_t handle;
-    const cudaError_t status = cudaIpcGetMemHandle(&handle, base);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      TORCH_CHECK(false, "strata: this block cannot be shared with another process: cudaIpcGetMemHandle failed (",
-                  cudaGetErrorString(status), "). CUDA IPC shares cudaMalloc'd memory only; stack=default maps pages "
-                  "(cuMemCreate). Start the sharing process with STRATA_ALLOC_CONF=stack=coalescing");
+    const auto block = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard lock(ipc_mutex_);
+    if (const auto* e = exports_.find(block)) return {e->offset, e->handle};
+    std::size_t offset = 0;
+    std::vector<std::size_t> sizes(16);
+    std::vector<int> fds(16, -1);
+    strata_report_error("");
+    long n = strata_share_block(ptr, &offset, sizes.data(), fds.data(), sizes.size());
+    if (n > static_cast<long>(sizes.size())) {  // a block over more allocations than guessed: ask with room
+      sizes.resize(static_cast<std::size_t>(n));
+      fds.resize(static_cast<std::size_t>(n), -1);
+      n = strata_share_block(ptr, &offset, sizes.data(), fds.data(), sizes.size());
     }
-    std::string text;
-    text.push_back(ipc_handle_version);
-    text.push_back(ipc_cuda_malloc);
-    text.append(reinterpret_cast<const char*>(&handle), sizeof handle);
-    return {static_cast<char*>(ptr) - static_cast<char*>(base), text};
+    TORCH_CHECK(n >= 0, "strata: this block cannot be shared with another process: ", strata_last_error());
+    if (n == 0) return share_cuda_malloc(ptr);
+    strata::plugin::export_ledger::entry e;
+    for (long i = 0; i < n; ++i) e.fds.emplace_back(fds[static_cast<std::size_t>(i)]);  // owned from here on
+    sizes.resize(static_cast<std::size_t>(n));
+    fds.resize(static_cast<std::size_t>(n));
+    try {
+      e.offset = static_cast<std::ptrdiff_t>(offset);
+      e.handle = strata::plugin::encode_pages({.pid = static_cast<std::int32_t>(::getpid()),
+                                               .mapping_bytes = {sizes.begin(), sizes.end()}, .fds = fds});
+      const auto& kept = exports_.insert(block, std::move(e));
+      exported_.fetch_add(1, std::memory_order_relaxed);
+      return {kept.offset, kept.handle};
+    } catch (const std::exception& ex) {
+      TORCH_CHECK(false, "strata: shareIpcHandle: ", ex.what());
+    }
   }
 
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override
   {
     std::lock_guard lock(ipc_mutex_);
-    if (const auto it = opened_.find(handle); it != opened_.end())
-      if (auto live = it->second.lock()) return live;
-    cudaIpcMemHandle_t raw;
-    if (handle.size() == sizeof raw) {
-      std::memcpy(&raw, handle.data(), sizeof raw);  // a handle from a PyTorch before versioned handles
-    } else {
-      TORCH_CHECK(handle.size() == sizeof raw + 2 && handle[0] <= ipc_handle_version,
-                  "strata: getIpcDevPtr: a shareable handle of ", handle.size(), " bytes is not one this PyTorch writes");
-      TORCH_CHECK(handle[1] == ipc_cuda_malloc, "strata: getIpcDevPtr: handle type '", handle[1],
-                  "' (an expandable segment) cannot be opened under strata; only cudaMalloc'd memory ('c') can");
-      std::memcpy(&raw, handle.data() + 2, sizeof raw);
+    if (auto live = opened_.find(handle)) return live;
+    strata::plugin::decoded_handle h;
+    try {
+      h = strata::plugin::decode_handle(handle);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: getIpcDevPtr: ", e.what());
     }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&p, raw, cudaIpcMemLazyEnablePeerAccess));
-    std::shared_ptr<void> sp(p, [device](void* q) {
-      c10::cuda::CUDAGuard guard(device);
-      (void)cudaIpcCloseMemHandle(q);
-    });
-    opened_[handle] = sp;
+    std::shared_ptr<void> sp = h.type == strata::plugin::shareable_type::cuda_malloc ? open_cuda_malloc(h, device) : open_pages(h, device);
+    opened_.insert(handle, sp);
     return sp;
   }
 
@@ -559,12 +576,99 @@ public:
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
+      lock.unlock();
+      forget_export(ptr);
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
   }
 
 private:
+  /// A block of a cudaMalloc'd stack: the IPC handle of the allocation it lies in, and its offset there.
+  static alloc::ShareableHandle share_cuda_malloc(void* ptr)
+  {
+    size_t base_size = 0;
+    void* base = strata_base_alloc(ptr, &base_size);
+    cudaIpcMemHandle_t handle;
+    const cudaError_t status = cudaIpcGetMemHandle(&handle, base);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "strata: this block cannot be shared with another process: cudaIpcGetMemHandle failed (",
+                  cudaGetErrorString(status), ")");
+    }
+    std::array<std::byte, sizeof handle> raw;
+    std::memcpy(raw.data(), &handle, sizeof handle);
+    return {static_cast<char*>(ptr) - static_cast<char*>(base), strata::plugin::encode_cuda_malloc(raw)};
+  }
+
+  /// Another process's cudaMalloc'd allocation, closed when the last tensor over it goes. ipc_mutex_ held.
+  std::shared_ptr<void> open_cuda_malloc(const strata::plugin::decoded_handle& h, c10::DeviceIndex device)
+  {
+    cudaIpcMemHandle_t raw;
+    std::memcpy(&raw, h.cuda_handle.data(), sizeof raw);
+    void* p = nullptr;
+    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&p, raw, cudaIpcMemLazyEnablePeerAccess));
+    // Closed under ipc_mutex_: the same handle opened again meanwhile would be refused by CUDA while this
+    // mapping still stands.
+    return std::shared_ptr<void>(p, [this, device](void* q) {
+      std::lock_guard lock(ipc_mutex_);
+      int previous = -1;
+      if (cudaGetDevice(&previous) == cudaSuccess && previous != device) (void)cudaSetDevice(device);
+      (void)cudaIpcCloseMemHandle(q);
+      if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+      (void)cudaGetLastError();
+    });
+  }
+
+  /// Another process's page-mapped memory ('e' from PyTorch's expandable segments or strata, 's' from strata):
+  /// its descriptors taken from the exporter, its allocations mapped here in a range of their own, access
+  /// granted to `device`. Unmapped when the last tensor over it goes, after the device's work on it has
+  /// finished (cuMemUnmap does not wait for it). ipc_mutex_ held.
+  std::shared_ptr<void> open_pages(const strata::plugin::decoded_handle& h, c10::DeviceIndex device)
+  {
+    strata::ipc::exported_block block;
+    block.handle.kind = strata::ipc::memory_kind::mapped_pages;
+    block.handle.device = device;
+    block.handle.bytes = h.pages.span();
+    block.handle.offset = 0;
+    block.handle.mapping_bytes = h.pages.mapping_bytes;
+    std::shared_ptr<strata::ipc::imported_block> mapping;
+    try {
+      block.fds = strata::plugin::descriptors_of(h.pages.pid, h.pages.fds);
+      mapping = std::make_shared<strata::ipc::imported_block>(strata::ipc::imported_block::open(std::move(block)));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: opening a CUDA tensor another process shared: ", e.what());
+    }
+    return std::shared_ptr<void>(mapping->get(), [this, device, mapping](void*) {
+      std::lock_guard lock(ipc_mutex_);
+      int previous = -1;
+      if (cudaGetDevice(&previous) == cudaSuccess && previous != device) (void)cudaSetDevice(device);
+      (void)cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+      mapping->close();
+      if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+    });
+  }
+
+  /// The block was freed: the descriptors its export named are closed. Without the device's lock.
+  void forget_export(void* ptr) noexcept
+  {
+    if (exported_.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard lock(ipc_mutex_);
+    if (exports_.erase(reinterpret_cast<std::uintptr_t>(ptr))) exported_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  /// PyTorch's free-memory callbacks (c10::FreeCudaMemoryCallbacksRegistry), as its allocator runs them before
+  /// giving up on an allocation: torch.multiprocessing's frees the blocks whose importers are all done
+  /// (CudaIPCCollect). Whether any freed memory. Without the device's lock: they free through this backend.
+  static bool run_free_memory_callbacks()
+  {
+    bool freed = false;
+    for (const std::string& name : c10::FreeCudaMemoryCallbacksRegistry()->Keys())
+      freed = c10::FreeCudaMemoryCallbacksRegistry()->Create(name)->Execute() || freed;
+    return freed;
+  }
+
   device_view& view(c10::DeviceIndex device)
   {
     const int count = device_count_.load(std::memory_order_acquire);
@@ -629,13 +733,24 @@ private:
     void* p = nullptr;
     std::string failure;
     bool out_of_memory = false;
-    try {
-      p = strata_malloc_or_throw_observed(size, device, stream, &v.last);
-    } catch (const std::bad_alloc&) {
-      out_of_memory = true;
-      failure = strata_last_error();
-    } catch (const std::exception& e) {
-      failure = e.what();
+    const auto attempt = [&] {
+      out_of_memory = false;
+      failure.clear();
+      try {
+        p = strata_malloc_or_throw_observed(size, device, stream, &v.last);
+      } catch (const std::bad_alloc&) {
+        out_of_memory = true;
+        failure = strata_last_error();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    };
+    attempt();
+    if (out_of_memory) {
+      lock.unlock();
+      const bool freed = run_free_memory_callbacks();
+      lock.lock();
+      if (freed) attempt();
     }
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
@@ -821,8 +936,10 @@ private:
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
   std::vector<alloc::AllocatorTraceTracker> trackers_;
   std::atomic<bool> has_trackers_{false};
-  std::mutex ipc_mutex_;
-  std::unordered_map<std::string, std::weak_ptr<void>> opened_;
+  std::mutex ipc_mutex_;  ///< guards exports_ and opened_, and opening and closing what they name
+  strata::plugin::export_ledger exports_;
+  std::atomic<std::size_t> exported_{0};  ///< exports_' size, read by every free without the lock
+  strata::plugin::opened_handles opened_;
 };
 
 /// Never destroyed: PyTorch frees tensors during interpreter teardown, after static destructors run.

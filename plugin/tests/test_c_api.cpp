@@ -845,3 +845,23 @@ TEST_CASE("C API: a tag pauses and resumes on the devices it lives on, the other
           strata_free(other, 8 * MiB, 1, on1);
         }) == "");
 }
+
+TEST_CASE("C API: share_block exports only page-mapped device memory; other pointers are not its to share")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_share_block(nullptr, nullptr, nullptr, nullptr, 0) == 0);
+          int local = 0;
+          EXPECT(strata_share_block(&local, nullptr, nullptr, nullptr, 0) == 0);  // no stack built yet
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t s = strata_sim_stream_create(0);
+          void* p = strata_malloc(3 * MiB, 0, s);
+          EXPECT(p != nullptr);
+          std::size_t offset = 7, sizes[4] = {};
+          int fds[4] = {-1, -1, -1, -1};
+          // Simulated pages stand for no memory another process could map: nothing is exported.
+          EXPECT(strata_share_block(p, &offset, sizes, fds, 4) == 0);
+          EXPECT(offset == 7 && fds[0] == -1);
+          EXPECT(strata_share_block(&local, &offset, sizes, fds, 4) == 0);
+          strata_free(p, 3 * MiB, 0, s);
+        }) == "");
+}
