@@ -452,8 +452,11 @@ public:
   alloc::ShareableHandle shareIpcHandle(void* ptr) override
   {
     const auto block = reinterpret_cast<std::uintptr_t>(ptr);
-    std::lock_guard lock(ipc_mutex_);
-    if (const auto* e = exports_.find(block)) return {e->offset, e->handle};
+    {
+      std::lock_guard lock(ipc_mutex_);
+      if (const auto* e = exports_.find(block)) return {e->offset, e->handle};
+    }
+    // The stack is asked without ipc_mutex_, which the free path takes inside the device's lock.
     std::size_t offset = 0;
     std::vector<std::size_t> sizes(16);
     std::vector<int> fds(16, -1);
@@ -474,8 +477,10 @@ public:
       e.offset = static_cast<std::ptrdiff_t>(offset);
       e.handle = strata::plugin::encode_pages({.pid = static_cast<std::int32_t>(::getpid()),
                                                .mapping_bytes = {sizes.begin(), sizes.end()}, .fds = fds});
+      std::lock_guard lock(ipc_mutex_);
+      if (const auto* first = exports_.find(block)) return {first->offset, first->handle};  // another thread's, first
       const auto& kept = exports_.insert(block, std::move(e));
-      exported_.fetch_add(1, std::memory_order_relaxed);
+      exported_.fetch_add(1, std::memory_order_release);
       return {kept.offset, kept.handle};
     } catch (const std::exception& ex) {
       TORCH_CHECK(false, "strata: shareIpcHandle: ", ex.what());
@@ -569,6 +574,7 @@ public:
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
       if (!gone) continue;
       const auto& [b, parked] = *gone;
+      forget_export(ptr);  // before the address can be handed out (and shared) again
       if (!parked) strata_free_observed(ptr, b.size, d, static_cast<cudaStream_t>(b.stream), &v.last);
       v.stats.on_free(b.size, b.requested);
       apply(v);
@@ -576,8 +582,6 @@ public:
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
-      lock.unlock();
-      forget_export(ptr);
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -650,12 +654,13 @@ private:
     });
   }
 
-  /// The block was freed: the descriptors its export named are closed. Without the device's lock.
+  /// The block is being freed: the descriptors its export named are closed. Device lock held (locks are taken
+  /// in that order: device, then ipc_mutex_).
   void forget_export(void* ptr) noexcept
   {
-    if (exported_.load(std::memory_order_relaxed) == 0) return;
+    if (exported_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard lock(ipc_mutex_);
-    if (exports_.erase(reinterpret_cast<std::uintptr_t>(ptr))) exported_.fetch_sub(1, std::memory_order_relaxed);
+    if (exports_.erase(reinterpret_cast<std::uintptr_t>(ptr))) exported_.fetch_sub(1, std::memory_order_release);
   }
 
   /// PyTorch's free-memory callbacks (c10::FreeCudaMemoryCallbacksRegistry), as its allocator runs them before
