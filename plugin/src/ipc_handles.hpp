@@ -325,6 +325,14 @@ public:
   }
   std::size_t size() const noexcept { return entries_.size(); }
   bool empty() const noexcept { return entries_.empty(); }
+  /// Whether `fd` is a descriptor of a block shared and not freed: one the exporter may lend. O(descriptors).
+  bool holds(int fd) const noexcept
+  {
+    for (const auto& [block, e] : entries_)
+      for (const ipc::unique_fd& mine : e.fds)
+        if (mine.get() == fd) return true;
+    return false;
+  }
 
 private:
   std::unordered_map<std::uintptr_t, entry> entries_;

@@ -13,6 +13,7 @@
 // and its calls into the stack, which take no lock of their own inside it: one lock per allocation or free.
 // Frames are gathered before it (the context recorder may take the GIL). A free finds its device by looking the
 // pointer up in each device's table.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,8 +27,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -46,6 +49,7 @@
 #include <strata/ipc/imported_block.hpp>
 
 #include "block_table.hpp"
+#include "descriptor_service.hpp"
 #include "device_statistics.hpp"
 #include "figures_of.hpp"
 #include "ipc_handles.hpp"
@@ -479,6 +483,7 @@ public:
                                                .mapping_bytes = {sizes.begin(), sizes.end()}, .fds = fds});
       std::lock_guard lock(ipc_mutex_);
       if (const auto* first = exports_.find(block)) return {first->offset, first->handle};  // another thread's, first
+      start_service();
       const auto& kept = exports_.insert(block, std::move(e));
       exported_.fetch_add(1, std::memory_order_release);
       return {kept.offset, kept.handle};
@@ -638,7 +643,7 @@ private:
     block.handle.mapping_bytes = h.pages.mapping_bytes;
     std::shared_ptr<strata::ipc::imported_block> mapping;
     try {
-      block.fds = strata::plugin::descriptors_of(h.pages.pid, h.pages.fds);
+      block.fds = strata::plugin::take_descriptors(h.pages.pid, h.pages.fds);
       mapping = std::make_shared<strata::ipc::imported_block>(strata::ipc::imported_block::open(std::move(block)));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: opening a CUDA tensor another process shared: ", e.what());
@@ -652,6 +657,27 @@ private:
       mapping->close();
       if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
     });
+  }
+
+  /// The exporter's descriptor service (descriptor_service.hpp), started with the first page-mapped export, for
+  /// importers that pidfd_getfd refuses. Where it cannot start, importers still have pidfd_getfd. ipc_mutex_ held.
+  void start_service()
+  {
+    if (service_ || service_failed_) return;
+    try {
+      service_ = std::make_unique<strata::plugin::descriptor_service>([this](std::span<const int> numbers) {
+        std::lock_guard lock(ipc_mutex_);
+        std::vector<strata::ipc::unique_fd> lent;
+        for (const int fd : numbers) {
+          if (!exports_.holds(fd)) throw std::invalid_argument("descriptor " + std::to_string(fd) + " names no block shared and live");
+          lent.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+          if (!lent.back()) throw std::system_error(errno, std::generic_category(), "dup");
+        }
+        return lent;
+      });
+    } catch (const std::exception&) {
+      service_failed_ = true;  // an importer refused by pidfd_getfd is told no service runs here
+    }
   }
 
   /// The block is being freed: the descriptors its export named are closed. Device lock held (locks are taken
@@ -945,6 +971,8 @@ private:
   strata::plugin::export_ledger exports_;
   std::atomic<std::size_t> exported_{0};  ///< exports_' size, read by every free without the lock
   strata::plugin::opened_handles opened_;
+  std::unique_ptr<strata::plugin::descriptor_service> service_;  ///< never destroyed (the backend is not)
+  bool service_failed_ = false;
 };
 
 /// Never destroyed: PyTorch frees tensors during interpreter teardown, after static destructors run.

@@ -33,9 +33,10 @@ def enable_strata(conf="stack=default"):
 
 
 def allow_importers():
-    """An importer takes the exporter's descriptors with pidfd_getfd, which needs ptrace permission: under Yama's
-    ptrace_scope 1 only an ancestor has it, so a process whose tensors a child opens allows it, as a PyTorch
-    process sharing expandable segments with its children must. Returns what it did."""
+    """PyTorch's allocator takes the exporter's descriptors with pidfd_getfd only, which needs ptrace permission:
+    under Yama's ptrace_scope 1 only an ancestor has it, so a process whose tensors a child on PyTorch's allocator
+    opens allows it, as a PyTorch process sharing expandable segments with its children must. (strata's importer
+    asks the exporter's descriptor service where pidfd_getfd is refused: nothing to allow.) Returns what it did."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             scope = f.read().strip()
@@ -109,7 +110,7 @@ def export_to_child(device, child_on_strata):
     import torch
     import torch.multiprocessing as mp
     from torch.multiprocessing.reductions import reduce_tensor
-    r = {"ptrace": allow_importers()}
+    r = {"ptrace": "not needed" if child_on_strata else allow_importers()}
     dev = torch.device("cuda", device)
     torch.cuda.set_device(dev)
     warm(torch, dev)
@@ -175,7 +176,7 @@ def exporter_child(inbox, outbox, device, mode):
     torch.cuda.set_device(device)
     dev = torch.device("cuda", device)
     warm(torch, dev)
-    r = {"ptrace": allow_importers()}   # the parent is an ancestor: no permission needed, but harmless
+    r = {}
     allocated0, free0 = torch.cuda.memory_allocated(dev), torch.cuda.mem_get_info(dev)[0]
     small, big = made_tensors(torch, dev, 3)
     view = small[1000:]
