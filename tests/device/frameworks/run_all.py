@@ -134,7 +134,7 @@ def main():
                 suite.record("lightning: DeviceStatsMonitor logged torch.cuda.memory_stats under strata",
                              len(m.get("device_stats_columns", [])) >= 2, json.dumps(m))
     if due("mp_share"):
-        suite.script("mp_share", [os.path.join(HERE, "mp_share.py")], a.timeout)
+        suite.script("mp_share", [os.path.join(HERE, "mp_share.py")], max(a.timeout, 1200))  # a dozen spawned pairs
     failed = sum(1 for r in suite.results if not r["ok"])
     passed = len(suite.results) - failed
     with open(os.path.join(a.out, "results.json"), "w") as f:
