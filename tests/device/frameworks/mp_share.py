@@ -78,27 +78,31 @@ def handle_type(reduced):
 
 # ---- a parent exporting to a spawned child ----------------------------------------------------------------------
 
-def importer_child(inbox, outbox, device, use_strata):
-    if use_strata:
-        enable_strata()
-    import torch
+def open_check_write(torch, inbox, device):
+    """Receives the parent's tensors (or reduce_tensor's arguments for them), fingerprints them and adds 1 to
+    each. Every reference to them dies with this call."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
-    torch.cuda.set_device(device)
-    warm(torch, device)
-    outbox.put(("ready", os.getpid()))
     items = inbox.get(timeout=TIMEOUT)
-    seen = {}
     try:
         tensors = {name: (rebuild_cuda_tensor(*payload) if isinstance(payload, tuple) else payload) for name, payload in items}
+        seen = {}
         for name, t in tensors.items():
             seen[name] = fingerprint(t)
             t.add_(1)
         torch.cuda.synchronize(device)
-        outbox.put(("seen", seen))
+        return ("seen", seen)
     except Exception as e:   # what the importer met, for the parent to report
-        outbox.put(("error", f"{type(e).__name__}: {str(e)[:800]}"))
-        tensors = {}
-    del items, tensors
+        return ("error", f"{type(e).__name__}: {str(e)[:800]}")
+
+
+def importer_child(inbox, outbox, device, use_strata):
+    if use_strata:
+        enable_strata()
+    import torch
+    torch.cuda.set_device(device)
+    warm(torch, device)
+    outbox.put(("ready", os.getpid()))
+    outbox.put(open_check_write(torch, inbox, device))
     gc.collect()
     torch.cuda.synchronize(device)
     outbox.put(("dropped", torch.cuda.memory_allocated(device)))
@@ -197,6 +201,21 @@ def exporter_child(inbox, outbox, device, mode):
     outbox.put(("done", r))
 
 
+def check_write(torch, outbox, dev):
+    """Receives the child's tensors, checks them against the child's fingerprints and adds 1 to each. Every
+    reference to them dies with this call."""
+    try:
+        _, items, expected = outbox.get(timeout=TIMEOUT)
+        tensors = dict(items)
+        seen = all(fingerprint(tensors[n]) == fp for n, fp in expected.items())
+        for t in tensors.values():
+            t.add_(1)
+        torch.cuda.synchronize(dev)
+        return {"values_seen": seen, "error": ""}
+    except Exception as e:
+        return {"values_seen": False, "error": f"{type(e).__name__}: {str(e)[:800]}"}
+
+
 def import_from_child(device, mode):
     enable_strata()
     import torch
@@ -208,21 +227,9 @@ def import_from_child(device, mode):
     inbox, outbox = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=exporter_child, args=(inbox, outbox, device, mode))
     p.start()
-    r = {}
-    try:
-        kind, items, expected = outbox.get(timeout=TIMEOUT)
-        tensors = dict(items)
-        r["values_seen"] = all(fingerprint(tensors[n]) == fp for n, fp in expected.items())
-        for t in tensors.values():
-            t.add_(1)
-        torch.cuda.synchronize(dev)
-        del items, tensors
-        gc.collect()
-        torch.cuda.synchronize(dev)
-        r["error"] = ""
-    except Exception as e:
-        r["values_seen"] = False
-        r["error"] = f"{type(e).__name__}: {str(e)[:800]}"
+    r = check_write(torch, outbox, dev)
+    gc.collect()
+    torch.cuda.synchronize(dev)
     inbox.put("dropped")
     kind, child = outbox.get(timeout=TIMEOUT)
     r.update({"child_" + k: v for k, v in child.items()})
