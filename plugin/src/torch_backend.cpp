@@ -494,8 +494,10 @@ public:
 
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override
   {
-    std::lock_guard lock(ipc_mutex_);
-    if (auto live = opened_.find(handle)) return live;
+    {
+      std::lock_guard lock(ipc_mutex_);
+      if (auto live = opened_.find(handle)) return live;
+    }
     strata::plugin::decoded_handle h;
     try {
       h = strata::plugin::decode_handle(handle);
@@ -504,9 +506,24 @@ public:
     }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    std::shared_ptr<void> sp = h.type == strata::plugin::shareable_type::cuda_malloc ? open_cuda_malloc(h, device) : open_pages(h, device);
-    opened_.insert(handle, sp);
-    return sp;
+    if (h.type == strata::plugin::shareable_type::cuda_malloc) {
+      std::lock_guard lock(ipc_mutex_);  // opened once per process: CUDA refuses a second open of a handle
+      if (auto live = opened_.find(handle)) return live;
+      std::shared_ptr<void> sp = open_cuda_malloc(h, device);
+      opened_.insert(handle, sp);
+      return sp;
+    }
+    // Pages are opened without ipc_mutex_: taking the descriptors may wait on the exporter's service, whose
+    // answer may need the exporter to finish an open of this process's memory (two processes importing from
+    // each other at once).
+    std::shared_ptr<void> mine = open_pages(h, device);
+    std::shared_ptr<void> first;
+    {
+      std::lock_guard lock(ipc_mutex_);
+      first = opened_.find(handle);  // another thread's, opened meanwhile
+      if (!first) opened_.insert(handle, mine);
+    }
+    return first ? first : mine;  // an unused mapping of ours goes here, outside the lock its deleter takes
   }
 
   bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_acquire); }
@@ -632,7 +649,7 @@ private:
   /// Another process's page-mapped memory ('e' from PyTorch's expandable segments or strata, 's' from strata):
   /// its descriptors taken from the exporter, its allocations mapped here in a range of their own, access
   /// granted to `device`. Unmapped when the last tensor over it goes, after the device's work on it has
-  /// finished (cuMemUnmap does not wait for it). ipc_mutex_ held.
+  /// finished (cuMemUnmap does not wait for it). Without ipc_mutex_.
   std::shared_ptr<void> open_pages(const strata::plugin::decoded_handle& h, c10::DeviceIndex device)
   {
     strata::ipc::exported_block block;
@@ -648,8 +665,7 @@ private:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: opening a CUDA tensor another process shared: ", e.what());
     }
-    return std::shared_ptr<void>(mapping->get(), [this, device, mapping](void*) {
-      std::lock_guard lock(ipc_mutex_);
+    return std::shared_ptr<void>(mapping->get(), [device, mapping](void*) {
       int previous = -1;
       if (cudaGetDevice(&previous) == cudaSuccess && previous != device) (void)cudaSetDevice(device);
       (void)cudaDeviceSynchronize();
@@ -967,7 +983,7 @@ private:
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
   std::vector<alloc::AllocatorTraceTracker> trackers_;
   std::atomic<bool> has_trackers_{false};
-  std::mutex ipc_mutex_;  ///< guards exports_ and opened_, and opening and closing what they name
+  std::mutex ipc_mutex_;  ///< guards exports_, opened_ and the opening and closing of cudaMalloc handles
   strata::plugin::export_ledger exports_;
   std::atomic<std::size_t> exported_{0};  ///< exports_' size, read by every free without the lock
   strata::plugin::opened_handles opened_;
