@@ -6,7 +6,7 @@
 # test-by-test record; compare.py then lists every test that passed natively and did not pass under strata,
 # honouring known_exceptions.txt.
 #
-#   tests/device/pytorch_suite/run.sh --set cuda --split 1/2 --out "$OUT"     (from the repository root)
+#   tests/device/pytorch_suite/run.sh --set cuda --split 1/3 --out "$OUT"     (from the repository root)
 #   tests/device/pytorch_suite/run.sh --build-only --out "$OUT"               (build, check, count the tests)
 #
 # Options:
@@ -22,7 +22,7 @@
 #   --conf CONF         strata's configuration (default stack=default)
 #   --tests DIR         the tree holding PyTorch's test/ folder (default .pytorch_tests; README.md says how
 #                       to place it)
-#   --label NAME        names this part's files (default: the set and split, e.g. cuda-1of2)
+#   --label NAME        names this part's files (default: the set and split, e.g. cuda-1of3)
 #   --out DIR           where LABEL.tar.gz (everything) and LABEL.comparison.txt go (default $OUT, else
 #                       /tmp/strata-pytorch-suite/out)
 #   --collect           list the selected tests (natively, nothing run) and stop
@@ -83,7 +83,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-die() { echo "run.sh: $1" >&2; exit "${2:-4}"; }
+WORK=""
+# Everything of this part in one file under OUTDIR, also when a step failed (the build log says why).
+pack() { [ -n "$WORK" ] && [ -d "$WORK" ] && tar -czf "$OUTDIR/$LABEL.tar.gz" -C "$(dirname "$WORK")" "$LABEL"; }
+die() { echo "run.sh: $1" >&2; pack; exit "${2:-4}"; }
 if [ -n "$SET" ]; then
   set_files "$SET" >/dev/null || die "--set '$SET': expected cuda, cudagraph_trees or multigpu"
   [ -n "$FILES" ] || FILES=$(set_files "$SET")
@@ -141,7 +144,7 @@ build_strata() {
   backend=$(STRATA_SUITE_CONF=$CONF PYTHONPATH=$SUITE/strata_site:$REPO/python:$BASE_PYTHONPATH python3 -c \
     'import torch; torch.empty(1, device="cuda"); print(torch.cuda.memory.get_allocator_backend())' 2>>"$WORK/build.txt")
   echo "allocator backend under strata_site: ${backend:-none}" | tee -a "$WORK/env.txt"
-  [ "$backend" = strata ] || die "strata did not become PyTorch's allocator (build.txt)" 3
+  [ "$backend" = strata ] || { tail -20 "$WORK/build.txt"; die "strata did not become PyTorch's allocator (build.txt)" 3; }
 }
 
 timeout_opt=()
@@ -216,6 +219,6 @@ else
   echo "$LABEL: only the ${native:+native}${strata:+strata} run's results are here; the comparison waits for the other"
   rc=5
 fi
-tar -czf "$OUTDIR/$LABEL.tar.gz" -C "$(dirname "$WORK")" "$LABEL"
+pack
 echo "results: $OUTDIR/$LABEL.tar.gz"
 exit $rc
