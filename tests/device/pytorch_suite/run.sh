@@ -36,8 +36,8 @@ cd "$(dirname "$0")/../../.."
 REPO=$PWD
 SUITE=$REPO/tests/device/pytorch_suite
 
-# The memory parts of each file, by pytest -k keyword (a test matches when a word occurs in its name or its
-# class's name, ignoring case). Whole classes about memory are named; the rest are picked by words.
+# The memory parts of each file, by pytest -k keyword (a test matches when a word occurs in its name, its
+# class's or its file's, ignoring case). Whole classes about memory are named; the rest are picked by words.
 K_CUDA="memory or mem_ or mempool or alloc or cach or pool or oom or stream or event or graph or snapshot \
 or history or stats or fraction or expandable or segment or ipc or record or leak or BlockStateAbsorption \
 or CudaMallocAsync or plot or viz or cycles or trace"
@@ -100,6 +100,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-$((BUDGET + 60))}
 for m in ${MODES//,/ }; do [[ "$m" == native || "$m" == strata ]] || die "--modes: '$m' is neither native nor strata"; done
 if [ -z "$LABEL" ]; then
   LABEL=${SET:-files}
+  [ "$BUILD_ONLY" = 0 ] || LABEL=build
   [ -z "$SPLIT" ] || LABEL="$LABEL-${SPLIT%/*}of${SPLIT#*/}"
 fi
 [[ "$LABEL" =~ ^[A-Za-z0-9._-]+$ ]] || die "--label '$LABEL': letters, digits, '.', '_' and '-' only"
