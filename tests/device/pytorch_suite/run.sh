@@ -119,7 +119,7 @@ export PYTORCH_TESTING_DEVICE_ONLY_FOR=cuda
 
 # expecttest (imported by torch.testing._internal) is not installed on the device: its wheel travels in .whl/.
 SITE=/tmp/strata-pytorch-suite/site
-if ! python3 -c 'import expecttest' 2>/dev/null; then
+if ! PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} python3 -c 'import expecttest' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "$REPO"/.whl/expecttest*.whl || die "expecttest is not installed and its wheel is not in .whl/ (README.md)" 3
 fi
@@ -170,6 +170,9 @@ if [ "$BUILD_ONLY" = 1 ]; then
     n=$(PYTHONPATH=$BASE_PYTHONPATH pytest_in_tree --collect-only -q "$f" ${k:+-k "$k"} 2>&1 | grep -c '::')
     echo "$s: $n tests selected ($f)"
   done
+  # Parts started side by side (one GPU each, CUDA_VISIBLE_DEVICES) use this build instead of each building.
+  echo "export STRATA_ALLOC_LIBRARY=$STRATA_ALLOC_LIBRARY"
+  pack
   exit 0
 fi
 if [ "$COLLECT" = 1 ]; then
