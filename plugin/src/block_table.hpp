@@ -7,6 +7,14 @@
 // again at the same addresses. A block freed into a live private pool therefore stays with strata, parked in
 // its pool: a later allocation of the same size in that pool revives it, a checkpoint restores it, and the
 // pool's release gives it back to strata. PyTorch's own allocator keeps a pool's memory until its release too.
+//
+// Note (a parked block's reuse is stream-ordered): nothing orders the work queued on a block before its free
+// with the work of its next owner except the stream both run on. A parked block is therefore revived only for
+// an allocation on the stream it was allocated on, and only once it is settled: a block recorded on other
+// streams (record_stream) waits, parked but unsettled, until events recorded on those streams at its free have
+// completed (pool_waits.hpp). While an allocation to some private pool is under way (a capture may be running,
+// and an event recorded in a capture can never be queried) the free is deferred instead: the events are
+// recorded once no allocation to a pool is under way. This is the contract of PyTorch's caching allocator.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -45,6 +53,24 @@ struct live_block {
   void* stream = nullptr;
   pool_id pool{};
   Context context{};          ///< where it was allocated (history recording), empty otherwise
+  std::vector<void*> uses{};  ///< streams besides `stream` it was recorded on (record_stream), in a private pool
+};
+
+/// What erase() did with a live block: returned it to the caller to free (parked false), or parked it in its
+/// pool. A parked block with a nonzero ticket is unsettled (see the Note on stream-ordered reuse): the caller
+/// starts its wait (pool_waits::hold) unless the free was deferred, and settles it with this ticket.
+template <class Context>
+struct freed_block {
+  live_block<Context> b;
+  bool parked = false;
+  std::uint64_t ticket = 0;
+};
+
+/// An unsettled parked block whose free was deferred, now to wait on its recorded streams (take_deferred).
+struct deferred_free {
+  std::uintptr_t address = 0;
+  std::uint64_t ticket = 0;
+  std::vector<void*> uses;
 };
 
 /// A private pool's blocks at one moment: what setCheckpointPoolState restores.
@@ -182,10 +208,11 @@ private:
 };
 
 /// Live blocks by address and the private pools with their parked blocks. Models: the bookkeeping of
-/// PyTorch's allocator interface (raw_delete by pointer, pool use counts, checkPoolLiveAllocations, checkpoints).
-/// Cost: O(1) expected per insert/erase (address_table), O(log n) per park/revive, O(blocks of the pool) per
-/// checkpoint; no lock (the backend holds the device's); no CUDA call. Every throwing member leaves the table
-/// as it was.
+/// PyTorch's allocator interface (raw_delete by pointer, pool use counts, record_stream inside a pool,
+/// checkPoolLiveAllocations, checkpoints). Cost: O(1) expected per insert/erase (address_table), O(log n) per
+/// park, O(parked blocks of the pool) per revive, O(blocks of the pool) per checkpoint, O(pools) per settle;
+/// no lock (the backend holds the device's); no CUDA call (the events of unsettled blocks are the caller's,
+/// pool_waits.hpp). Every throwing member leaves the table as it was.
 template <class Context>
 class block_table {
 public:
@@ -202,25 +229,82 @@ public:
 
   const block* find(std::uintptr_t address) const noexcept { return live_.find(address); }
 
-  /// Forgets a live block. Returns it and whether it was parked in its pool (then strata keeps it); nullopt
-  /// when the address is not live (not this table's).
-  std::optional<std::pair<block, bool>> erase(std::uintptr_t address)
+  /// record_stream of a live block in a private pool: its reuse in the pool must wait for `stream`'s work at
+  /// its free. False (nothing noted) for a block outside the pools or not live: the caller notes the use where
+  /// the block's free goes (strata's stack). Recording the allocation stream notes nothing: its order covers it.
+  bool record_use(std::uintptr_t address, void* stream)
   {
-    std::optional<block> taken = live_.take(address);
-    if (!taken) return std::nullopt;
-    block& b = *taken;
-    bool parked = false;
-    if (!b.pool.none()) {
-      pool_state& p = pools_.at(b.pool);
-      --p.live;
-      if (p.use_count > 0) {
-        p.parked.emplace(address, b);
-        parked_bytes_ += b.size;
-        ++parked_blocks_;
-        parked = true;
+    block* b = live_.find(address);
+    if (b == nullptr || b->pool.none()) return false;
+    if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
+    return true;
+  }
+
+  /// Forgets a live block. Returns it and whether it was parked in its pool (then strata keeps it); nullopt
+  /// when the address is not live (not this table's). A parked block recorded on other streams is unsettled
+  /// (a ticket); `defer` says an allocation to a private pool is under way, so its wait starts later
+  /// (take_deferred). A block returned to the caller keeps its uses: the caller hands them to strata's stack.
+  std::optional<freed_block<Context>> erase(std::uintptr_t address, bool defer = false)
+  {
+    block* found = live_.find(address);
+    if (found == nullptr) return std::nullopt;
+    pool_state* p = found->pool.none() ? nullptr : &pools_.at(found->pool);
+    const bool park = p != nullptr && p->use_count > 0;
+    std::uint64_t ticket = 0;
+    if (park) {
+      parked_entry e{*found, 0, false};  // the copy may throw: the table is unchanged then
+      if (!e.b.uses.empty()) {
+        ticket = e.ticket = ++last_ticket_;
+        e.deferred = defer;
       }
+      p->parked.emplace(address, std::move(e));  // may throw likewise
+      parked_bytes_ += found->size;
+      ++parked_blocks_;
+      if (ticket != 0 && defer) ++deferred_blocks_;
     }
-    return std::pair{std::move(b), parked};
+    block b = std::move(*live_.take(address));
+    if (p != nullptr) --p->live;
+    return freed_block<Context>{std::move(b), park, ticket};
+  }
+
+  /// The unsettled parked block's wait is over (its events completed): it may be revived. False when the
+  /// block is no longer parked under that ticket (its pool was released, or a checkpoint took it back).
+  bool settle(std::uintptr_t address, std::uint64_t ticket) noexcept
+  {
+    for (auto& [id, p] : pools_) {
+      const auto it = p.parked.find(address);
+      if (it == p.parked.end() || it->second.ticket != ticket || ticket == 0) continue;
+      if (it->second.deferred) --deferred_blocks_;
+      it->second.ticket = 0;
+      it->second.deferred = false;
+      it->second.b.uses.clear();
+      return true;
+    }
+    return false;
+  }
+
+  /// The deferred frees, now to wait on their recorded streams (no allocation to a pool is under way): they
+  /// stay unsettled, no longer deferred.
+  std::vector<deferred_free> take_deferred()
+  {
+    std::vector<deferred_free> out;
+    if (deferred_blocks_ == 0) return out;
+    for (auto& [id, p] : pools_)
+      for (auto& [a, e] : p.parked)
+        if (e.deferred) out.push_back({a, e.ticket, e.b.uses});
+    for (auto& [id, p] : pools_)  // nothing below throws
+      for (auto& [a, e] : p.parked) e.deferred = false;
+    deferred_blocks_ = 0;
+    return out;
+  }
+
+  /// Parked blocks whose wait has not ended (deferred or waiting on events).
+  std::size_t unsettled_blocks() const noexcept
+  {
+    std::size_t n = 0;
+    for (const auto& [id, p] : pools_)
+      for (const auto& [a, e] : p.parked) n += e.ticket != 0 ? 1 : 0;
+    return n;
   }
 
   // ---- private pools -------------------------------------------------------------------------------------
@@ -243,8 +327,9 @@ public:
     return it != pools_.end() && it->second.use_on_oom;
   }
 
-  /// releasePool: one use fewer. At zero the pool's parked blocks are returned (for strata to free) and the
-  /// pool is forgotten once no live block remains in it.
+  /// releasePool: one use fewer. At zero the pool's parked blocks are returned (for strata to free; an
+  /// unsettled one with its uses, which strata's stack must then wait for) and the pool is forgotten once no
+  /// live block remains in it.
   std::vector<std::pair<std::uintptr_t, block>> release(pool_id id)
   {
     pool_state& p = pool_of(id, "releasePool");
@@ -252,26 +337,30 @@ public:
     std::vector<std::pair<std::uintptr_t, block>> out;
     if (--p.use_count > 0) return out;
     out.reserve(p.parked.size());
-    for (auto& [a, b] : p.parked) {
-      parked_bytes_ -= b.size;
+    for (auto& [a, e] : p.parked) {
+      parked_bytes_ -= e.b.size;
       --parked_blocks_;
-      out.emplace_back(a, std::move(b));
+      if (e.deferred) --deferred_blocks_;
+      out.emplace_back(a, std::move(e.b));
     }
     p.parked.clear();
     if (p.live == 0) pools_.erase(id);
     return out;
   }
 
-  /// A parked block of exactly `size` in the pool, made live again (nullopt: none).
+  /// A settled parked block of exactly `size` in the pool, allocated on `stream`, made live again (nullopt:
+  /// none). See the Note on stream-ordered reuse.
   std::optional<std::uintptr_t> revive(pool_id id, std::size_t size, std::size_t requested, void* stream, Context context = {})
   {
     const auto it = pools_.find(id);
     if (it == pools_.end()) return std::nullopt;
     pool_state& p = it->second;
-    const auto parked = std::find_if(p.parked.begin(), p.parked.end(), [&](const auto& e) { return e.second.size == size; });
+    const auto parked = std::find_if(p.parked.begin(), p.parked.end(), [&](const auto& e) {
+      return e.second.b.size == size && e.second.b.stream == stream && e.second.ticket == 0;
+    });
     if (parked == p.parked.end()) return std::nullopt;
     const std::uintptr_t address = parked->first;
-    block b = parked->second;
+    block b = parked->second.b;
     b.requested = requested;
     b.stream = stream;
     b.context = std::move(context);
@@ -284,8 +373,8 @@ public:
     return address;
   }
 
-  /// After strata ran out of memory: a parked block of exactly `size` in a pool marked use_on_oom (setUseOnOOM)
-  /// made live again in that pool; nullopt when none has one.
+  /// After strata ran out of memory: a settled parked block of exactly `size`, allocated on `stream`, in a pool
+  /// marked use_on_oom (setUseOnOOM) made live again in that pool; nullopt when none has one.
   std::optional<std::uintptr_t> revive_on_oom(std::size_t size, std::size_t requested, void* stream, Context context = {})
   {
     for (auto& [id, p] : pools_)
@@ -319,7 +408,8 @@ public:
   }
 
   /// setCheckpointPoolState: every live block of the pool is parked, then the checkpoint's blocks are revived
-  /// at their addresses. Throws std::invalid_argument (table unchanged) if a checkpoint block is neither live
+  /// at their addresses (whether settled or not: the graphs that own them order their work). A block parked
+  /// here with recorded uses is unsettled and deferred, as a free during a capture is. Throws std::invalid_argument (table unchanged) if a checkpoint block is neither live
   /// nor parked in the pool with its size: its memory went back to strata, so the address cannot be restored.
   checkpoint_delta<Context> restore(const pool_checkpoint<Context>& c)
   {
@@ -328,7 +418,7 @@ public:
       const block* live = live_.find(a);
       const bool is_live = live != nullptr && live->pool == c.pool && live->size == b.size;
       const auto parked = p.parked.find(a);
-      const bool is_parked = parked != p.parked.end() && parked->second.size == b.size;
+      const bool is_parked = parked != p.parked.end() && parked->second.b.size == b.size;
       if (!is_live && !is_parked)
         throw std::invalid_argument("setCheckpointPoolState: the block at " + std::to_string(a) + " (" + std::to_string(b.size) +
                                     " bytes) of pool " + c.pool.text() + " is no longer held by the pool");
@@ -344,9 +434,17 @@ public:
       parked_bytes_ += b.size;
       ++parked_blocks_;
       --p.live;
-      p.parked.emplace(a, std::move(b));
+      parked_entry e{std::move(b), 0, false};
+      if (!e.b.uses.empty()) {
+        e.ticket = ++last_ticket_;
+        e.deferred = true;
+        ++deferred_blocks_;
+      }
+      p.parked.emplace(a, std::move(e));
     }
     for (const auto& [a, b] : c.blocks) {
+      const auto was = p.parked.find(a);
+      if (was != p.parked.end() && was->second.deferred) --deferred_blocks_;
       p.parked.erase(a);
       parked_bytes_ -= b.size;
       --parked_blocks_;
@@ -374,11 +472,16 @@ public:
   }
 
 private:
+  struct parked_entry {
+    block b;
+    std::uint64_t ticket = 0;  ///< nonzero: unsettled, waiting on its recorded streams
+    bool deferred = false;     ///< unsettled, its wait not started yet (take_deferred)
+  };
   struct pool_state {
     int use_count = 0;
     bool use_on_oom = false;
     std::size_t live = 0;
-    std::map<std::uintptr_t, block> parked;
+    std::map<std::uintptr_t, parked_entry> parked;
   };
 
   pool_state& pool_of(pool_id id, const char* where)
@@ -392,6 +495,8 @@ private:
   std::map<pool_id, pool_state> pools_;
   std::size_t parked_bytes_ = 0;
   std::size_t parked_blocks_ = 0;
+  std::size_t deferred_blocks_ = 0;
+  std::uint64_t last_ticket_ = 0;
 };
 
 } // namespace strata::plugin

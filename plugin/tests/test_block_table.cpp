@@ -38,8 +38,8 @@ TEST_CASE("block_table: live blocks are found by address, once")
   CHECK(t.live_blocks() == 1);
   const auto gone = t.erase(0x1000);
   REQUIRE(gone);
-  CHECK(gone->first.size == 512);
-  CHECK(!gone->second);  // no pool: straight back to strata
+  CHECK(gone->b.size == 512);
+  CHECK(!gone->parked);  // no pool: straight back to strata
   CHECK(!t.erase(0x1000));
   CHECK(t.find(0x1000) == nullptr);
 }
@@ -72,7 +72,7 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   t.insert(0x3000, in(graph, 8192));
   const auto e = t.erase(0x1000);
   REQUIRE(e);
-  CHECK(e->second);  // parked
+  CHECK(e->parked);
   CHECK(t.parked(0x1000));
   CHECK(t.parked_bytes() == 4096);
   CHECK(t.parked_blocks() == 1);
@@ -93,7 +93,7 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   CHECK(t.known(graph));  // 0x3000 still lives in it
   const auto late = t.erase(0x3000);
   REQUIRE(late);
-  CHECK(!late->second);  // the pool is released: straight back to strata
+  CHECK(!late->parked);  // the pool is released: straight back to strata
 }
 
 TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom pool, which keeps it")
@@ -115,7 +115,7 @@ TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom po
   CHECK(t.parked(0x1000));
   const auto freed = t.erase(0x2000);
   REQUIRE(freed);
-  CHECK(freed->second);  // parked back in its pool
+  CHECK(freed->parked);  // parked back in its pool
 }
 
 TEST_CASE("block_table: checkPoolLiveAllocations compares the pool's live blocks with PyTorch's set")
@@ -197,7 +197,7 @@ TEST_CASE("block_table: random pool traffic with checkpoints keeps parked bytes 
       auto it = live.begin();
       std::advance(it, static_cast<long>(rng() % live.size()));
       const auto e = t.erase(*it);
-      if (!e || !e->second) break;
+      if (!e || !e->parked) break;
       live.erase(it);
     } else if (r == 8) {
       saved = t.checkpoint(0, graph);
