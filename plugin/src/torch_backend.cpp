@@ -382,7 +382,7 @@ public:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    for (const auto& [address, b] : returned) free_to_strata(device, address, b, nullptr);
+    for (const auto& [address, b] : returned) free_to_strata(device, address, b, nullptr);  // whole segments
     if (v.blocks.use_count(id) == 0) {
       try {
         strata_release_pool(device, mempool_id);
@@ -586,8 +586,8 @@ public:
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
       const auto& b = gone->b;
-      if (!gone->parked) free_to_strata(d, reinterpret_cast<std::uintptr_t>(ptr), b, &v.last);
-      else if (gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
+      if (gone->to_strata) free_to_strata(d, gone->to_strata->first, gone->to_strata->second, &v.last);
+      else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
       v.stats.on_free(b.size, b.requested);
       apply(v);
       if (recording(v)) {
@@ -688,7 +688,7 @@ private:
     if (v.routes.empty()) settle_waits(v);
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
-        v.stats.on_allocate(size, size);
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be a little larger
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
         return reinterpret_cast<void*>(*revived);
@@ -707,7 +707,7 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
-        v.stats.on_allocate(size, size);
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         return reinterpret_cast<void*>(*revived);

@@ -258,8 +258,20 @@ TEST_CASE("pool_waits: random traffic over three streams never revives a block b
     std::vector<void*> uses;
   };
   std::map<std::uintptr_t, owned> live;
-  // At each free: what every user stream had launched; the block is safe once each finished that far.
-  std::map<std::uintptr_t, std::pair<void*, std::map<void*, std::uint64_t>>> freed;
+  // At each free: the range, its stream and what every user stream had launched; memory of the range is safe
+  // to hand to its stream once each user finished that far. A later free of an overlapping range replaces it.
+  struct free_record {
+    std::size_t size;
+    void* home;
+    std::map<void*, std::uint64_t> need;
+  };
+  std::map<std::uintptr_t, free_record> freed;
+  const auto overlapping = [&](std::uintptr_t a, std::size_t n) {
+    std::vector<std::map<std::uintptr_t, free_record>::iterator> out;
+    for (auto it = freed.begin(); it != freed.end(); ++it)
+      if (it->first < a + n && a < it->first + it->second.size) out.push_back(it);
+    return out;
+  };
   std::uintptr_t next = 0x100000;
   std::size_t revived = 0, unsafe = 0, ops = 0;
   for (int i = 0; i < 20000; ++i) {
@@ -271,11 +283,11 @@ TEST_CASE("pool_waits: random traffic over three streams never revives a block b
       if (defer == false) f.settle();
       if (const auto a = f.t.revive(user, size, size, s.get())) {
         ++revived;
-        const auto& [home, need] = freed.at(*a);
-        if (home != s.get()) ++unsafe;
-        for (const auto& [u, n] : need)
-          if (finished[u] < n) ++unsafe;
-        freed.erase(*a);
+        for (const auto& it : overlapping(*a, f.t.find(*a)->size)) {
+          if (it->second.home != s.get()) ++unsafe;
+          for (const auto& [u, n] : it->second.need)
+            if (finished[u] < n) ++unsafe;
+        }
         live[*a] = {s.get(), {}};
       } else {
         f.alloc(next, size, s);
@@ -297,7 +309,9 @@ TEST_CASE("pool_waits: random traffic over three streams never revives a block b
       std::advance(it, static_cast<long>(rng() % live.size()));
       std::map<void*, std::uint64_t> need;
       for (void* u : it->second.uses) need[u] = launched[u];
-      freed[it->first] = {it->second.stream, need};
+      const std::size_t size = f.t.find(it->first)->size;
+      for (const auto& old : overlapping(it->first, size)) freed.erase(old);
+      freed[it->first] = {size, it->second.stream, need};
       const auto e = f.free(it->first, defer);
       if (!e.parked) break;
       live.erase(it);
