@@ -579,19 +579,19 @@ public:
     }
     return false;
   }
-  /// f(pool_piece) for each piece of the pool segment at `base`, in address order; false (f not called) when
-  /// no pool has a segment there.
+  /// f(pool_piece) for each piece of the pool segment at `base`, in address order; returns the pool, or (0, 0)
+  /// (f not called) when no pool has a segment there.
   template <class F>
-  bool for_each_piece(std::uintptr_t base, F&& f) const
+  pool_id for_each_piece(std::uintptr_t base, F&& f) const
   {
     for (const auto& [id, p] : pools_) {
       const auto seg = p.segments.find(base);
       if (seg == p.segments.end()) continue;
       for (auto it = p.pieces.lower_bound(base); it != p.pieces.end() && it->first < base + seg->second.size; ++it)
         f(pool_piece{it->first, it->second.size, it->second.live});
-      return true;
+      return id;
     }
-    return false;
+    return {};
   }
   /// Segments held by private pools, and their bytes.
   std::size_t pool_segments() const noexcept

@@ -144,7 +144,8 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
       sb.size = b.size;
       const std::uintptr_t address = seg.address + b.offset;
       // A private pool's segment: its pieces, as PyTorch lists a segment's blocks.
-      if (!b.free && table.for_each_piece(address, [&](const pool_piece& pc) {
+      pool_id owner{};
+      if (!b.free && !(owner = table.for_each_piece(address, [&](const pool_piece& pc) {
             snapshot_block<Context> piece;
             piece.size = pc.size;
             if (const auto* live = pc.live ? table.find(pc.address) : nullptr) {
@@ -159,8 +160,11 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
             s.allocated += piece.allocated ? piece.size : 0;
             s.active += piece.active ? piece.size : 0;
             s.blocks.push_back(std::move(piece));
-          }))
+          })).none()) {
+        if (s.pool.none()) s.pool = owner;
+        in_pool = in_pool || owner == only_pool;
         continue;
+      }
       if (!b.free) {
         if (const auto* live = table.find(address)) {
           sb.allocated = sb.active = true;
