@@ -381,6 +381,9 @@ public:
   }
   bool known(pool_id id) const noexcept { return pools_.count(id) != 0; }
   void set_use_on_oom(pool_id id, bool on) { pool_of(id, "setUseOnOOM").use_on_oom = on; }
+  /// setNoSplit: the pool hands its parked pieces out whole (a pool whose blocks are registered whole with
+  /// another library, NCCL's); best fit still chooses among them.
+  void set_no_split(pool_id id) { pool_of(id, "setNoSplit").no_split = true; }
   bool use_on_oom(pool_id id) const noexcept
   {
     const auto it = pools_.find(id);
@@ -424,7 +427,7 @@ public:
     const auto it = p.pieces.find(address);
     piece& pc = it->second;
     const std::size_t rounded = (size + piece_granule - 1) / piece_granule * piece_granule;
-    const bool split = pc.size >= rounded + piece_granule;
+    const bool split = !p.no_split && pc.size >= rounded + piece_granule;
     const std::size_t taken = split ? rounded : pc.size;
     live_.reserve(live_.size() + 1);  // the allocations first: nothing below may fail once things move
     std::optional<typename std::map<std::uintptr_t, piece>::iterator> rest;
@@ -629,6 +632,7 @@ private:
   struct pool_state {
     int use_count = 0;
     bool use_on_oom = false;
+    bool no_split = false;
     std::size_t live = 0;
     std::map<std::uintptr_t, segment> segments;
     std::map<std::uintptr_t, piece> pieces;                                   ///< every segment's, live and parked

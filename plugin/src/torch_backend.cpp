@@ -422,10 +422,15 @@ public:
       TORCH_CHECK(false, "strata: ", e.what());
     }
   }
-  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
-    // A strata block is never cut to serve another request while it is live, and parked blocks are revived
-    // whole: every pool is already "no split" in PyTorch's sense.
+    device_view& v = view(device);
+    device_lock lock(device);
+    try {
+      v.blocks.set_no_split(to_pool(mempool_id));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id, const std::unordered_set<void*>& expected) override
   {

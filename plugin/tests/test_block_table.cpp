@@ -494,3 +494,22 @@ TEST_CASE("block_table: random pool traffic over two streams keeps pieces tiling
   CHECK(ok == 20000);
   CHECK(revived > 5000);
 }
+
+TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best fitting first")
+{
+  table t;
+  t.create_or_incref(user);
+  CHECK_THROWS_AS(t.set_no_split(graph), std::invalid_argument);
+  t.set_no_split(user);
+  t.insert(0x1000000, on(user, 4 * MiB, stream_a()));
+  t.insert(0x2000000, on(user, 2 * MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  (void)t.erase(0x2000000);
+  const auto a = t.revive(user, MiB, MiB, stream_a());
+  REQUIRE(a);
+  CHECK(*a == 0x2000000);
+  CHECK(t.find(*a)->size == 2 * MiB);  // whole
+  CHECK(t.parked_blocks() == 1);
+  CHECK(t.revive(user, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+  CHECK(!t.revive(user, MiB, MiB, stream_a()));
+}
