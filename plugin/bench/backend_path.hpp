@@ -35,8 +35,8 @@ public:
   {
     section s(*this);
     const auto gone = blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
-    const auto& [b, parked] = *gone;
-    if (!parked) strata_free_observed(p, b.size, 0, static_cast<cudaStream_t>(b.stream), &last_);
+    const auto& b = gone->b;
+    if (gone->to_strata) strata_free_observed(p, b.size, 0, static_cast<cudaStream_t>(b.stream), &last_);
     stats_.on_free(b.size, b.requested);
     apply();
   }

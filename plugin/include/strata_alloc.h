@@ -49,7 +49,7 @@ STRATA_ALLOC_API void strata_free(void* ptr, size_t size, int device, cudaStream
 
 /* Optional hooks, the names for the allocator object's set_*_fn (PyTorch 2.11 signatures). */
 STRATA_ALLOC_API void strata_init(int device_count);                             /* set_init_fn: void(int) */
-STRATA_ALLOC_API void strata_reset(void);                                        /* set_reset_fn (empty_cache): release every device */
+STRATA_ALLOC_API void strata_reset(void);                                        /* set_reset_fn (empty_cache): release every device (see strata_reset_device) */
 STRATA_ALLOC_API void strata_set_memory_fraction(double fraction, int device);   /* set_memory_fraction_fn: void(double, int) */
 STRATA_ALLOC_API void strata_record_stream(void* ptr, cudaStream_t stream);      /* set_record_stream_fn: void(void*, cudaStream_t) */
 STRATA_ALLOC_API void* strata_base_alloc(void* ptr, size_t* size);               /* set_base_alloc_fn: void*(void*, size_t*) */
@@ -108,6 +108,14 @@ STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, c
  * 0, or -1 for a device out of range (message set). Unlock with the same device on the same thread. */
 STRATA_ALLOC_API int strata_device_lock(int device);
 STRATA_ALLOC_API void strata_device_unlock(int device);
+/* One device's calls that may be made inside its strata_device_lock section:
+ * - strata_record_stream_on: record_stream for a block of `device` (message set if it is not that device's);
+ * - strata_reset_device: empty_cache of that device alone. While an allocation to a private pool is under way
+ *   on it (strata_begin_allocate_to_pool: a capture may be running, where a host wait is illegal) it releases
+ *   nothing and reports nothing, as PyTorch's allocator does; otherwise as strata_reset for the device.
+ *   0, or -1 with the message set. */
+STRATA_ALLOC_API void strata_record_stream_on(int device, void* ptr, cudaStream_t stream);
+STRATA_ALLOC_API int strata_reset_device(int device);
 
 /* ---- Sleep and wake by tag (docs/sleep_wake.md; page-mapped stacks: default_pool, simulated) ------------ */
 /* This thread's allocations carry `tag` until the matching strata_tag_end (they nest; 0 is the default). */

@@ -5,8 +5,23 @@
 // Why blocks are parked: a CUDA graph replays at the addresses it captured, and torch.compile's graph trees
 // rewind a pool to an earlier checkpoint (setCheckpointPoolState), which must hand out the checkpoint's blocks
 // again at the same addresses. A block freed into a live private pool therefore stays with strata, parked in
-// its pool: a later allocation of the same size in that pool revives it, a checkpoint restores it, and the
-// pool's release gives it back to strata. PyTorch's own allocator keeps a pool's memory until its release too.
+// its pool, and the pool's release gives it back to strata. PyTorch's own allocator keeps a pool's memory
+// until its release too.
+//
+// A pool's memory is a set of segments, each a block strata handed out for the pool. A segment is cut into
+// pieces, each live (handed to PyTorch) or parked. An allocation in the pool takes the smallest settled parked
+// piece of its stream that fits (best fit) and cuts the rest off as a parked piece of its own; a piece parked
+// next to a settled parked piece of its segment merges with it. So a backward pass reuses what the forward
+// freed, whatever the sizes. A segment goes back to strata whole, once its pool is released and none of its
+// pieces is live.
+//
+// Note (a parked block's reuse is stream-ordered): nothing orders the work queued on a block before its free
+// with the work of its next owner except the stream both run on. A segment therefore serves one stream, the
+// one it was allocated on, and a parked piece is revived only once it is settled: a block recorded on other
+// streams (record_stream) waits, parked but unsettled, until events recorded on those streams at its free have
+// completed (pool_waits.hpp). While an allocation to some private pool is under way (a capture may be running,
+// and an event recorded in a capture can never be queried) the free is deferred instead: the events are
+// recorded once no allocation to a pool is under way. This is the contract of PyTorch's caching allocator.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -16,6 +31,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -45,6 +62,35 @@ struct live_block {
   void* stream = nullptr;
   pool_id pool{};
   Context context{};          ///< where it was allocated (history recording), empty otherwise
+  std::vector<void*> uses{};  ///< streams besides `stream` it was recorded on (record_stream), in a private pool
+};
+
+/// What erase() did with a live block: returned it to the caller to free (parked false), or parked it in its
+/// pool. A parked block with a nonzero ticket is unsettled (see the Note on stream-ordered reuse): the caller
+/// starts its wait (pool_waits::hold) unless the free was deferred, and settles it with this ticket.
+template <class Context>
+struct freed_block {
+  live_block<Context> b;
+  bool parked = false;
+  std::uint64_t ticket = 0;
+  /// What the caller gives back to strata now, if anything: the block itself (outside the pools), or the
+  /// whole segment it was cut from (its pool released and no piece of it live), with the streams its pieces
+  /// were recorded on.
+  std::optional<std::pair<std::uintptr_t, live_block<Context>>> to_strata;
+};
+
+/// A piece of a pool's segment (snapshots list them).
+struct pool_piece {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  bool live = false;
+};
+
+/// An unsettled parked block whose free was deferred, now to wait on its recorded streams (take_deferred).
+struct deferred_free {
+  std::uintptr_t address = 0;
+  std::uint64_t ticket = 0;
+  std::vector<void*> uses;
 };
 
 /// A private pool's blocks at one moment: what setCheckpointPoolState restores.
@@ -181,46 +227,144 @@ private:
   unsigned shift_ = 64;
 };
 
-/// Live blocks by address and the private pools with their parked blocks. Models: the bookkeeping of
-/// PyTorch's allocator interface (raw_delete by pointer, pool use counts, checkPoolLiveAllocations, checkpoints).
-/// Cost: O(1) expected per insert/erase (address_table), O(log n) per park/revive, O(blocks of the pool) per
-/// checkpoint; no lock (the backend holds the device's); no CUDA call. Every throwing member leaves the table
-/// as it was.
+/// Live blocks by address and the private pools with their segments. Models: the bookkeeping of PyTorch's
+/// allocator interface (raw_delete by pointer, pool use counts, record_stream inside a pool, best-fit reuse
+/// with splitting and merging inside a pool, checkPoolLiveAllocations, checkpoints). Cost: O(1) expected per
+/// insert/erase outside the pools (address_table); O(log n) per allocation, free and settle in a pool (n: its
+/// pieces), O(pools) to find a piece's pool; O(pieces of the pool) per checkpoint, restore and deferred list;
+/// no lock (the backend holds the device's); no CUDA call (the events of unsettled pieces are the caller's,
+/// pool_waits.hpp). Every throwing member leaves the table as it was.
 template <class Context>
 class block_table {
 public:
   using block = live_block<Context>;
+  using returned = std::pair<std::uintptr_t, block>;
 
-  /// Records a block handed out. Throws std::logic_error if the address is already live (a stack bug).
+  /// Pieces are cut at multiples of this, and a remainder smaller than it stays with the piece handed out.
+  static constexpr std::size_t piece_granule = 512;
+
+  /// Records a block handed out (from strata). In a private pool it becomes a segment of that pool, with one
+  /// live piece. Throws std::logic_error if the address is already live (a stack bug).
   void insert(std::uintptr_t address, block b)
   {
     if (live_.find(address) != nullptr) throw std::logic_error("block_table: address " + std::to_string(address) + " is already live");
     pool_state* p = b.pool.none() ? nullptr : &pool_of(b.pool, "insert");
-    live_.insert(address, std::move(b));  // the only allocation: before anything else changes
-    if (p != nullptr) ++p->live;
+    live_.reserve(live_.size() + 1);
+    if (p != nullptr) {
+      const auto seg = p->segments.emplace(address, segment{b.size, b.stream}).first;
+      try {
+        p->pieces.emplace(address, piece{b.size, true, 0, false, b.stream, {}});
+      } catch (...) {
+        p->segments.erase(seg);
+        throw;
+      }
+      ++p->live;
+    }
+    live_.insert(address, std::move(b));  // reserved: cannot fail
   }
 
   const block* find(std::uintptr_t address) const noexcept { return live_.find(address); }
 
-  /// Forgets a live block. Returns it and whether it was parked in its pool (then strata keeps it); nullopt
-  /// when the address is not live (not this table's).
-  std::optional<std::pair<block, bool>> erase(std::uintptr_t address)
+  /// record_stream of a live block in a private pool: its reuse in the pool must wait for `stream`'s work at
+  /// its free. False (nothing noted) for a block outside the pools or not live: the caller notes the use where
+  /// the block's free goes (strata's stack). Recording the allocation stream notes nothing: its order covers it.
+  bool record_use(std::uintptr_t address, void* stream)
   {
-    std::optional<block> taken = live_.take(address);
-    if (!taken) return std::nullopt;
-    block& b = *taken;
-    bool parked = false;
-    if (!b.pool.none()) {
-      pool_state& p = pools_.at(b.pool);
-      --p.live;
-      if (p.use_count > 0) {
-        p.parked.emplace(address, b);
-        parked_bytes_ += b.size;
-        ++parked_blocks_;
-        parked = true;
-      }
+    block* b = live_.find(address);
+    if (b == nullptr || b->pool.none()) return false;
+    if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
+    return true;
+  }
+
+  /// Forgets a live block. Returns it, whether it stays parked in its pool, and what goes back to strata now.
+  /// nullopt when the address is not live (not this table's). A piece recorded on other streams is parked
+  /// unsettled (a ticket); `defer` says an allocation to a private pool is under way, so its wait starts
+  /// later (take_deferred).
+  std::optional<freed_block<Context>> erase(std::uintptr_t address, bool defer = false)
+  {
+    block* found = live_.find(address);
+    if (found == nullptr) return std::nullopt;
+    freed_block<Context> out;
+    if (found->pool.none()) {
+      out.to_strata.emplace(address, *found);  // the copy may throw: the table is unchanged then
+      out.b = std::move(*live_.take(address));
+      return out;
     }
-    return std::pair{std::move(b), parked};
+    pool_state& p = pools_.at(found->pool);
+    const auto it = p.pieces.find(address);
+    piece& pc = it->second;
+    const bool released = p.use_count == 0;
+    std::vector<void*> uses = found->uses;  // may throw, before anything changes
+    std::uint64_t ticket = 0;
+    if (!released && !uses.empty()) ticket = ++last_ticket_;
+    if (ticket == 0 && !released) free_index_reserve(p);
+    out.b = std::move(*live_.take(address));
+    --p.live;
+    pc.live = false;
+    pc.stream = out.b.stream;
+    pc.uses = std::move(uses);
+    pc.ticket = ticket;
+    pc.deferred = ticket != 0 && defer;
+    if (pc.deferred) ++deferred_blocks_;
+    parked_bytes_ += pc.size;
+    ++parked_blocks_;
+    out.parked = true;
+    out.ticket = ticket;
+    if (released) {
+      out.parked = false;
+      if (auto seg = give_back_if_free(p, segment_of(p, address))) out.to_strata = std::move(*seg);
+      erase_pool_if_empty(found_pool_after(out.b.pool));
+    } else if (ticket == 0) {
+      index_and_merge(p, it);
+    }
+    return out;
+  }
+
+  /// The unsettled parked piece's wait is over (its events completed): it may be revived. False when no piece
+  /// is parked there under that ticket (its pool was released, or a checkpoint took it back).
+  bool settle(std::uintptr_t address, std::uint64_t ticket) noexcept
+  {
+    if (ticket == 0) return false;
+    for (auto& [id, p] : pools_) {
+      const auto it = p.pieces.find(address);
+      if (it == p.pieces.end() || it->second.live || it->second.ticket != ticket) continue;
+      if (it->second.deferred) --deferred_blocks_;
+      it->second.ticket = 0;
+      it->second.deferred = false;
+      it->second.uses.clear();
+      try {
+        free_index_reserve(p);
+      } catch (...) {
+        return true;  // settled, just not offered until the next merge around it indexes it
+      }
+      index_and_merge(p, it);
+      return true;
+    }
+    return false;
+  }
+
+  /// The deferred frees, now to wait on their recorded streams (no allocation to a pool is under way): they
+  /// stay unsettled, no longer deferred.
+  std::vector<deferred_free> take_deferred()
+  {
+    std::vector<deferred_free> out;
+    if (deferred_blocks_ == 0) return out;
+    for (auto& [id, p] : pools_)
+      for (auto& [a, pc] : p.pieces)
+        if (!pc.live && pc.deferred) out.push_back({a, pc.ticket, pc.uses});
+    for (auto& [id, p] : pools_)  // nothing below throws
+      for (auto& [a, pc] : p.pieces) pc.deferred = false;
+    deferred_blocks_ = 0;
+    return out;
+  }
+
+  /// Parked pieces whose wait has not ended (deferred or waiting on events).
+  std::size_t unsettled_blocks() const noexcept
+  {
+    std::size_t n = 0;
+    for (const auto& [id, p] : pools_)
+      for (const auto& [a, pc] : p.pieces) n += !pc.live && pc.ticket != 0 ? 1 : 0;
+    return n;
   }
 
   // ---- private pools -------------------------------------------------------------------------------------
@@ -237,55 +381,76 @@ public:
   }
   bool known(pool_id id) const noexcept { return pools_.count(id) != 0; }
   void set_use_on_oom(pool_id id, bool on) { pool_of(id, "setUseOnOOM").use_on_oom = on; }
+  /// setNoSplit: the pool hands its parked pieces out whole (a pool whose blocks are registered whole with
+  /// another library, NCCL's); best fit still chooses among them.
+  void set_no_split(pool_id id) { pool_of(id, "setNoSplit").no_split = true; }
   bool use_on_oom(pool_id id) const noexcept
   {
     const auto it = pools_.find(id);
     return it != pools_.end() && it->second.use_on_oom;
   }
 
-  /// releasePool: one use fewer. At zero the pool's parked blocks are returned (for strata to free) and the
-  /// pool is forgotten once no live block remains in it.
-  std::vector<std::pair<std::uintptr_t, block>> release(pool_id id)
+  /// releasePool: one use fewer. At zero every segment with no live piece is returned (for strata to free,
+  /// with the streams its unsettled pieces were recorded on, which strata's stack then waits for); the others
+  /// follow as their last live piece is freed, and the pool is forgotten once it holds nothing.
+  std::vector<returned> release(pool_id id)
   {
     pool_state& p = pool_of(id, "releasePool");
     if (p.use_count == 0) throw std::logic_error("releasePool: pool " + id.text() + " has no use left to release");
-    std::vector<std::pair<std::uintptr_t, block>> out;
-    if (--p.use_count > 0) return out;
-    out.reserve(p.parked.size());
-    for (auto& [a, b] : p.parked) {
-      parked_bytes_ -= b.size;
-      --parked_blocks_;
-      out.emplace_back(a, std::move(b));
+    std::vector<returned> out;
+    if (p.use_count > 1) {
+      --p.use_count;
+      return out;
     }
-    p.parked.clear();
-    if (p.live == 0) pools_.erase(id);
+    out.reserve(p.segments.size());
+    std::vector<std::uintptr_t> bases;
+    bases.reserve(p.segments.size());
+    for (const auto& [base, seg] : p.segments) bases.push_back(base);
+    --p.use_count;  // nothing below throws: the vectors have their room
+    for (std::uintptr_t base : bases)
+      if (auto seg = give_back_if_free(p, base)) out.push_back(std::move(*seg));
+    erase_pool_if_empty(pools_.find(id));
     return out;
   }
 
-  /// A parked block of exactly `size` in the pool, made live again (nullopt: none).
+  /// The smallest settled parked piece of the pool allocated on `stream` that holds `size` bytes, cut to size
+  /// (rounded up to piece_granule; the rest stays parked) and made live (nullopt: none). The live block's size
+  /// is the piece's. See the Note on stream-ordered reuse.
   std::optional<std::uintptr_t> revive(pool_id id, std::size_t size, std::size_t requested, void* stream, Context context = {})
   {
-    const auto it = pools_.find(id);
-    if (it == pools_.end()) return std::nullopt;
-    pool_state& p = it->second;
-    const auto parked = std::find_if(p.parked.begin(), p.parked.end(), [&](const auto& e) { return e.second.size == size; });
-    if (parked == p.parked.end()) return std::nullopt;
-    const std::uintptr_t address = parked->first;
-    block b = parked->second;
-    b.requested = requested;
-    b.stream = stream;
-    b.context = std::move(context);
-    live_.reserve(live_.size() + 1);  // the only allocation: before anything moves
-    p.parked.erase(parked);
-    parked_bytes_ -= b.size;
-    --parked_blocks_;
+    const auto pit = pools_.find(id);
+    if (pit == pools_.end() || size == 0) return std::nullopt;
+    pool_state& p = pit->second;
+    const auto fit = p.free_index.lower_bound({stream, size, 0});
+    if (fit == p.free_index.end() || std::get<0>(*fit) != stream) return std::nullopt;
+    const std::uintptr_t address = std::get<2>(*fit);
+    const auto it = p.pieces.find(address);
+    piece& pc = it->second;
+    const std::size_t rounded = (size + piece_granule - 1) / piece_granule * piece_granule;
+    const bool split = !p.no_split && pc.size >= rounded + piece_granule;
+    const std::size_t taken = split ? rounded : pc.size;
+    live_.reserve(live_.size() + 1);  // the allocations first: nothing below may fail once things move
+    std::optional<typename std::map<std::uintptr_t, piece>::iterator> rest;
+    if (split) {
+      free_index_reserve(p);
+      rest = p.pieces.emplace_hint(std::next(it), address + taken, piece{pc.size - taken, false, 0, false, stream, {}});
+    }
+    p.free_index.erase(fit);
+    if (rest) {
+      p.free_index.emplace(stream, pc.size - taken, address + taken);  // room made by free_index_reserve
+      parked_bytes_ -= taken;
+    } else {
+      parked_bytes_ -= pc.size;
+      --parked_blocks_;
+    }
+    pc.size = taken;
+    pc.live = true;
     ++p.live;
-    live_.insert(address, std::move(b));
+    live_.insert(address, block{taken, requested, stream, id, std::move(context), {}});
     return address;
   }
 
-  /// After strata ran out of memory: a parked block of exactly `size` in a pool marked use_on_oom (setUseOnOOM)
-  /// made live again in that pool; nullopt when none has one.
+  /// After strata ran out of memory: revive() in the pools marked use_on_oom (setUseOnOOM), first that serves.
   std::optional<std::uintptr_t> revive_on_oom(std::size_t size, std::size_t requested, void* stream, Context context = {})
   {
     for (auto& [id, p] : pools_)
@@ -318,54 +483,132 @@ public:
     return c;
   }
 
-  /// setCheckpointPoolState: every live block of the pool is parked, then the checkpoint's blocks are revived
-  /// at their addresses. Throws std::invalid_argument (table unchanged) if a checkpoint block is neither live
-  /// nor parked in the pool with its size: its memory went back to strata, so the address cannot be restored.
+  /// setCheckpointPoolState: every live block of the pool is parked, each segment's pieces become one, then
+  /// the checkpoint's blocks are cut out of them at their addresses and made live (whether the pieces were
+  /// settled or not: the graphs that own them order their work). What stays parked of a segment some of
+  /// whose pieces were recorded on other streams is unsettled and deferred, as a free during a capture is.
+  /// Throws std::invalid_argument (table unchanged) if a checkpoint block does not lie inside a segment of
+  /// the pool (its memory went back to strata), or the pool was released.
   checkpoint_delta<Context> restore(const pool_checkpoint<Context>& c)
   {
     pool_state& p = pool_of(c.pool, "setCheckpointPoolState");
+    if (p.use_count == 0) throw std::invalid_argument("setCheckpointPoolState: pool " + c.pool.text() + " was released");
+    std::map<std::uintptr_t, std::vector<std::pair<std::uintptr_t, const block*>>> cuts;  // by segment
     for (const auto& [a, b] : c.blocks) {
-      const block* live = live_.find(a);
-      const bool is_live = live != nullptr && live->pool == c.pool && live->size == b.size;
-      const auto parked = p.parked.find(a);
-      const bool is_parked = parked != p.parked.end() && parked->second.size == b.size;
-      if (!is_live && !is_parked)
+      const std::uintptr_t base = segment_of(p, a);
+      if (base == 0 || a + b.size > base + p.segments.at(base).size)
         throw std::invalid_argument("setCheckpointPoolState: the block at " + std::to_string(a) + " (" + std::to_string(b.size) +
                                     " bytes) of pool " + c.pool.text() + " is no longer held by the pool");
+      cuts[base].emplace_back(a, &b);
     }
-    if (p.use_count == 0) throw std::invalid_argument("setCheckpointPoolState: pool " + c.pool.text() + " was released");
     checkpoint_delta<Context> d;
     live_.for_each([&](std::uintptr_t a, const block& b) {
       if (b.pool == c.pool) d.freed.push_back(a);
     });
+    d.revived.reserve(c.blocks.size());
+    // Every allocation of the rebuild is made here, in new containers: the swap below cannot fail.
+    std::map<std::uintptr_t, piece> pieces;
+    std::set<std::tuple<void*, std::size_t, std::uintptr_t>> index;
+    std::vector<block> revived;
+    revived.reserve(c.blocks.size());
+    std::size_t parked_bytes = 0, parked_blocks = 0, deferred = 0;
+    for (const auto& entry : p.segments) {
+      const std::uintptr_t base = entry.first;
+      const segment& seg = entry.second;  // not a structured binding: the lambda below captures it
+      std::vector<void*> uses;
+      for (auto it = p.pieces.lower_bound(base); it != p.pieces.end() && it->first < base + seg.size; ++it) {
+        const std::vector<void*>* u = &it->second.uses;
+        if (it->second.live) u = &live_.find(it->first)->uses;
+        for (void* s : *u)
+          if (std::find(uses.begin(), uses.end(), s) == uses.end()) uses.push_back(s);
+      }
+      std::uintptr_t at = base;
+      const auto add_parked = [&](std::uintptr_t from, std::uintptr_t to) {
+        if (to <= from) return;
+        piece pc{to - from, false, 0, false, seg.stream, uses};
+        if (!uses.empty()) {
+          pc.ticket = ++last_ticket_;
+          pc.deferred = true;
+          ++deferred;
+        } else {
+          index.emplace(seg.stream, to - from, from);
+        }
+        pieces.emplace(from, std::move(pc));
+        parked_bytes += to - from;
+        ++parked_blocks;
+      };
+      auto& mine = cuts[base];
+      std::sort(mine.begin(), mine.end());
+      for (const auto& [a, b] : mine) {
+        add_parked(at, a);
+        pieces.emplace(a, piece{b->size, true, 0, false, seg.stream, {}});
+        at = a + b->size;
+      }
+      add_parked(at, base + seg.size);
+    }
+    for (const auto& [a, b] : c.blocks) revived.push_back(b);
     live_.reserve(live_.size() + c.blocks.size());
-    for (std::uintptr_t a : d.freed) {
-      block b = std::move(*live_.take(a));
-      parked_bytes_ += b.size;
-      ++parked_blocks_;
-      --p.live;
-      p.parked.emplace(a, std::move(b));
-    }
-    for (const auto& [a, b] : c.blocks) {
-      p.parked.erase(a);
-      parked_bytes_ -= b.size;
-      --parked_blocks_;
+    // From here on nothing allocates.
+    for (std::uintptr_t a : d.freed) (void)live_.take(a);
+    p.live = 0;
+    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+      live_.insert(c.blocks[i].first, revived[i]);
       ++p.live;
-      live_.insert(a, b);
-      d.revived.emplace_back(a, b);
     }
+    for (const auto& [a, pc] : p.pieces)
+      if (!pc.live) {
+        parked_bytes_ -= pc.size;
+        --parked_blocks_;
+        if (pc.deferred) --deferred_blocks_;
+      }
+    p.pieces.swap(pieces);
+    p.free_index.swap(index);
+    parked_bytes_ += parked_bytes;
+    parked_blocks_ += parked_blocks;
+    deferred_blocks_ += deferred;
+    for (const auto& [a, b] : c.blocks) d.revived.emplace_back(a, b);  // reserved
     return d;
   }
 
   std::size_t live_blocks() const noexcept { return live_.size(); }
   std::size_t parked_bytes() const noexcept { return parked_bytes_; }
   std::size_t parked_blocks() const noexcept { return parked_blocks_; }
-  /// Whether `address` is parked in some pool (snapshots show it inactive).
+  /// Whether a piece is parked at `address` in some pool (snapshots show it inactive).
   bool parked(std::uintptr_t address) const noexcept
   {
-    for (const auto& [id, p] : pools_)
-      if (p.parked.count(address) != 0) return true;
+    for (const auto& [id, p] : pools_) {
+      const auto it = p.pieces.find(address);
+      if (it != p.pieces.end() && !it->second.live) return true;
+    }
     return false;
+  }
+  /// f(pool_piece) for each piece of the pool segment at `base`, in address order; returns the pool, or (0, 0)
+  /// (f not called) when no pool has a segment there.
+  template <class F>
+  pool_id for_each_piece(std::uintptr_t base, F&& f) const
+  {
+    for (const auto& [id, p] : pools_) {
+      const auto seg = p.segments.find(base);
+      if (seg == p.segments.end()) continue;
+      for (auto it = p.pieces.lower_bound(base); it != p.pieces.end() && it->first < base + seg->second.size; ++it)
+        f(pool_piece{it->first, it->second.size, it->second.live});
+      return id;
+    }
+    return {};
+  }
+  /// Segments held by private pools, and their bytes.
+  std::size_t pool_segments() const noexcept
+  {
+    std::size_t n = 0;
+    for (const auto& [id, p] : pools_) n += p.segments.size();
+    return n;
+  }
+  std::size_t pool_segment_bytes() const noexcept
+  {
+    std::size_t n = 0;
+    for (const auto& [id, p] : pools_)
+      for (const auto& [base, seg] : p.segments) n += seg.size;
+    return n;
   }
   template <class F>
   void for_each_live(F&& f) const
@@ -374,11 +617,26 @@ public:
   }
 
 private:
+  struct segment {
+    std::size_t size = 0;
+    void* stream = nullptr;  ///< the stream strata handed it out on, which every piece of it serves
+  };
+  struct piece {
+    std::size_t size = 0;
+    bool live = false;
+    std::uint64_t ticket = 0;  ///< parked and nonzero: unsettled, waiting on its recorded streams
+    bool deferred = false;     ///< unsettled, its wait not started yet (take_deferred)
+    void* stream = nullptr;
+    std::vector<void*> uses;   ///< parked and unsettled: the streams it waits for
+  };
   struct pool_state {
     int use_count = 0;
     bool use_on_oom = false;
+    bool no_split = false;
     std::size_t live = 0;
-    std::map<std::uintptr_t, block> parked;
+    std::map<std::uintptr_t, segment> segments;
+    std::map<std::uintptr_t, piece> pieces;                                   ///< every segment's, live and parked
+    std::set<std::tuple<void*, std::size_t, std::uintptr_t>> free_index;      ///< settled parked: (stream, size, address)
   };
 
   pool_state& pool_of(pool_id id, const char* where)
@@ -388,10 +646,94 @@ private:
     return it->second;
   }
 
+  typename std::map<pool_id, pool_state>::iterator found_pool_after(pool_id id) { return pools_.find(id); }
+
+  /// The base of the pool's segment holding `address`, or 0.
+  static std::uintptr_t segment_of(const pool_state& p, std::uintptr_t address) noexcept
+  {
+    auto it = p.segments.upper_bound(address);
+    if (it == p.segments.begin()) return 0;
+    --it;
+    return address < it->first + it->second.size ? it->first : 0;
+  }
+
+  /// Index insertions allocate a node each: a std::set has no reserve, so the insertion points that must not
+  /// fail are preceded by this check of the host's memory, made by inserting and erasing a probe entry.
+  static void free_index_reserve(pool_state& p)
+  {
+    const auto probe = p.free_index.emplace(nullptr, SIZE_MAX, UINTPTR_MAX).first;
+    p.free_index.erase(probe);
+  }
+
+  /// A settled parked piece: merged with its settled parked neighbours in its segment, then offered.
+  void index_and_merge(pool_state& p, typename std::map<std::uintptr_t, piece>::iterator it) noexcept
+  {
+    const std::uintptr_t base = segment_of(p, it->first);
+    auto mergeable = [&](const auto& other) {
+      return !other->second.live && other->second.ticket == 0 && segment_of(p, other->first) == base;
+    };
+    if (it != p.pieces.begin()) {
+      auto prev = std::prev(it);
+      if (mergeable(prev) && prev->first + prev->second.size == it->first) {
+        p.free_index.erase({prev->second.stream, prev->second.size, prev->first});
+        prev->second.size += it->second.size;
+        p.pieces.erase(it);
+        it = prev;
+        --parked_blocks_;
+      }
+    }
+    auto next = std::next(it);
+    if (next != p.pieces.end() && mergeable(next) && it->first + it->second.size == next->first) {
+      p.free_index.erase({next->second.stream, next->second.size, next->first});
+      it->second.size += next->second.size;
+      p.pieces.erase(next);
+      --parked_blocks_;
+    }
+    try {
+      p.free_index.emplace(it->second.stream, it->second.size, it->first);
+    } catch (...) {  // after free_index_reserve's probe this fails only if memory ran out since: it stays unoffered
+    }
+  }
+
+  /// The segment at `base` of a released pool, when none of its pieces is live: forgotten here and returned
+  /// (for strata to free) with the streams its unsettled pieces were recorded on.
+  std::optional<returned> give_back_if_free(pool_state& p, std::uintptr_t base) noexcept
+  {
+    const auto seg = p.segments.find(base);
+    if (seg == p.segments.end()) return std::nullopt;
+    const std::uintptr_t end = base + seg->second.size;
+    for (auto it = p.pieces.lower_bound(base); it != p.pieces.end() && it->first < end; ++it)
+      if (it->second.live) return std::nullopt;
+    returned out{base, block{seg->second.size, seg->second.size, seg->second.stream, {}, {}, {}}};
+    for (auto it = p.pieces.lower_bound(base); it != p.pieces.end() && it->first < end;) {
+      for (void* s : it->second.uses)
+        if (std::find(out.second.uses.begin(), out.second.uses.end(), s) == out.second.uses.end()) {
+          try {
+            out.second.uses.push_back(s);
+          } catch (...) {  // no host memory for one pointer: the segment goes back without that stream's wait
+          }
+        }
+      p.free_index.erase({it->second.stream, it->second.size, it->first});
+      parked_bytes_ -= it->second.size;
+      --parked_blocks_;
+      if (it->second.deferred) --deferred_blocks_;
+      it = p.pieces.erase(it);
+    }
+    p.segments.erase(seg);
+    return out;
+  }
+
+  void erase_pool_if_empty(typename std::map<pool_id, pool_state>::iterator it) noexcept
+  {
+    if (it != pools_.end() && it->second.use_count == 0 && it->second.segments.empty()) pools_.erase(it);
+  }
+
   address_table<block> live_;
   std::map<pool_id, pool_state> pools_;
   std::size_t parked_bytes_ = 0;
   std::size_t parked_blocks_ = 0;
+  std::size_t deferred_blocks_ = 0;
+  std::uint64_t last_ticket_ = 0;
 };
 
 } // namespace strata::plugin

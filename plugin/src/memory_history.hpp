@@ -121,7 +121,8 @@ struct snapshot_segment {
 };
 
 /// The segments of memory_snapshot(): strata's chunks, each block marked by the table (live: allocated; parked
-/// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work).
+/// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work); a
+/// block that is a private pool's segment is listed as its pieces.
 /// Blocks tile their segment (ranges strata does not list become free blocks). Only segments holding a block
 /// of `only_pool` when it is not (0, 0). O(blocks).
 template <class Context>
@@ -142,6 +143,28 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
       snapshot_block<Context> sb;
       sb.size = b.size;
       const std::uintptr_t address = seg.address + b.offset;
+      // A private pool's segment: its pieces, as PyTorch lists a segment's blocks.
+      pool_id owner{};
+      if (!b.free && !(owner = table.for_each_piece(address, [&](const pool_piece& pc) {
+            snapshot_block<Context> piece;
+            piece.size = pc.size;
+            if (const auto* live = pc.live ? table.find(pc.address) : nullptr) {
+              piece.allocated = piece.active = true;
+              piece.requested = live->requested;
+              piece.context = live->context;
+              if (s.pool.none()) s.pool = live->pool;
+              if (s.stream == nullptr) s.stream = live->stream;
+              in_pool = in_pool || live->pool == only_pool;
+            }
+            s.requested += piece.requested;
+            s.allocated += piece.allocated ? piece.size : 0;
+            s.active += piece.active ? piece.size : 0;
+            s.blocks.push_back(std::move(piece));
+          })).none()) {
+        if (s.pool.none()) s.pool = owner;
+        in_pool = in_pool || owner == only_pool;
+        continue;
+      }
       if (!b.free) {
         if (const auto* live = table.find(address)) {
           sb.allocated = sb.active = true;

@@ -629,7 +629,38 @@ void strata_init(int /*device_count*/)
 
 void strata_reset(void)
 {
-  (void)for_each_built("reset", [](device_stack& stack) { stack.release(); }, /*every_device=*/true);
+  for (int d = 0; d < max_devices; ++d)
+    if (built_slot(d) != nullptr) (void)strata_reset_device(d);
+}
+
+int strata_reset_device(int device)
+{
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return 0;  // nothing built: nothing held
+  slot_lock lock(*s);
+  if (s->routes > 0) return 0;  // see strata_alloc.h: a capture may be under way
+  try {
+    device_scope on(*s, device);
+    s->stack->release();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("reset", e);
+    return -1;
+  }
+}
+
+void strata_record_stream_on(int device, void* ptr, cudaStream_t stream)
+{
+  if (ptr == nullptr) return;
+  device_slot* s = built_slot(device);
+  if (s == nullptr) return set_error("record_stream", std::string("device has no stack: the pointer is not strata's"));
+  slot_lock lock(*s);
+  if (!s->stack->owns(ptr)) return set_error("record_stream", std::string("the pointer is not a strata block of device ") + std::to_string(device));
+  try {
+    s->stack->record_use(ptr, stream);
+  } catch (const std::exception& e) {
+    set_error("record_stream", e);
+  }
 }
 
 void strata_set_memory_fraction(double fraction, int device)

@@ -7,7 +7,8 @@
 // strata. strata_torch_install_backend() installs it; strata_torch.enable() calls that before CUDA starts.
 //
 // The PyTorch-free parts live in headers the host tests check: device_statistics.hpp (memory_stats' figures),
-// block_table.hpp (live blocks, private pools, checkpoints) and memory_history.hpp (trace and snapshot).
+// block_table.hpp (live blocks, private pools, checkpoints), pool_waits.hpp (parked blocks waiting on their
+// recorded streams) and memory_history.hpp (trace and snapshot).
 //
 // Locks: libstrata_alloc.so's lock of the device (strata_device_lock) covers the backend's books of that device
 // and its calls into the stack, which take no lock of their own inside it: one lock per allocation or free.
@@ -54,6 +55,7 @@
 #include "figures_of.hpp"
 #include "ipc_handles.hpp"
 #include "memory_history.hpp"
+#include "pool_waits.hpp"
 
 namespace {
 
@@ -138,8 +140,10 @@ private:
 /// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
 /// Guarded by the device's lock (device_lock).
 struct device_view {
+  explicit device_view(int device) noexcept : waits(device) {}
   strata::plugin::device_statistics stats;
   strata::plugin::block_table<context_ptr> blocks;
+  strata::plugin::pool_waits<strata::cuda_events> waits;  ///< parked blocks waiting on their recorded streams
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
   std::array<std::size_t, 3> oom_figures{};  ///< allocated, device total, device free at the last out of memory
@@ -174,17 +178,42 @@ public:
   // ---- c10::DeviceAllocator ------------------------------------------------------------------------------
   bool initialized() override { return initialized_.load(std::memory_order_acquire); }
 
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override
+  void emptyCache(c10::MempoolId_t mempool_id) override
   {
-    // strata's release covers every device and every pool's idle memory; a private pool's parked blocks stay
-    // (its graphs replay at their addresses) until the pool is released, as in PyTorch's allocator.
-    strata_report_error("");  // the thread's last message may be an older call's
-    strata_reset();
-    const std::string failure = strata_last_error();
+    // PyTorch's default pool ({0, 0}): every device's idle memory, except on a device with an allocation to a
+    // private pool under way (a capture may be running, where the release's host waits are illegal): there
+    // nothing is released and nothing raised, as PyTorch's allocator does. A private pool's parked blocks stay
+    // (its graphs replay at their addresses) until the pool is released. A private pool's id (MemPool's
+    // destructor, after releasePool): strata took that pool's blocks back at its release, so nothing of the
+    // pool is left to empty, and nothing of another pool or device is touched; this path never throws.
+    if (!to_pool(mempool_id).none()) {
+      try {
+        const int count = device_count_.load(std::memory_order_acquire);
+        for (int d = 0; d < count; ++d) {
+          device_view& v = *views_[static_cast<std::size_t>(d)];
+          device_lock lock(d);
+          if (v.routes.empty()) settle_waits(v);
+          observe(v, static_cast<c10::DeviceIndex>(d));
+        }
+      } catch (...) {  // a destructor's path: figures read late are harmless, an exception is not
+      }
+      return;
+    }
+    std::string failure;
     const int count = device_count_.load(std::memory_order_acquire);
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
+      if (v.routes.empty()) {
+        settle_waits(v);
+        try {
+          v.waits.drain(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+      }
+      strata_report_error("");  // the thread's last message may be an older call's
+      if (strata_reset_device(d) != 0 && failure.empty()) failure = strata_last_error();
       observe(v, static_cast<c10::DeviceIndex>(d));
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
@@ -238,7 +267,7 @@ public:
     if (static_cast<int>(views_.size()) < device_count) {
       std::vector<std::unique_ptr<device_view>> grown;
       for (auto& v : views_) grown.push_back(std::move(v));
-      while (static_cast<int>(grown.size()) < device_count) grown.push_back(std::make_unique<device_view>());
+      while (static_cast<int>(grown.size()) < device_count) grown.push_back(std::make_unique<device_view>(static_cast<int>(grown.size())));
       views_ = std::move(grown);
     }
     device_count_.store(device_count, std::memory_order_release);
@@ -293,8 +322,13 @@ public:
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override
   {
     if (ptr.get_deleter() != &local_raw_delete || ptr.get() == nullptr) return;  // not ours (a shared tensor)
+    const c10::DeviceIndex device = ptr.device().index();
+    device_view& v = view(device);
+    device_lock lock(device);
+    // A private pool's block: its pool keeps the use (block_table.hpp's Note on stream-ordered reuse).
+    if (v.blocks.record_use(reinterpret_cast<std::uintptr_t>(ptr.get()), stream.stream())) return;
     strata_report_error("");
-    strata_record_stream(ptr.get(), stream.stream());
+    strata_record_stream_on(device, ptr.get(), stream.stream());
     check_no_error("recordStream");
   }
 
@@ -362,8 +396,7 @@ public:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    for (const auto& [address, b] : returned)
-      strata_free_observed(reinterpret_cast<void*>(address), b.size, device, static_cast<cudaStream_t>(b.stream), nullptr);
+    for (const auto& [address, b] : returned) free_to_strata(device, address, b, nullptr);  // whole segments
     if (v.blocks.use_count(id) == 0) {
       try {
         strata_release_pool(device, mempool_id);
@@ -403,10 +436,15 @@ public:
       TORCH_CHECK(false, "strata: ", e.what());
     }
   }
-  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
-    // A strata block is never cut to serve another request while it is live, and parked blocks are revived
-    // whole: every pool is already "no split" in PyTorch's sense.
+    device_view& v = view(device);
+    device_lock lock(device);
+    try {
+      v.blocks.set_no_split(to_pool(mempool_id));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "strata: ", e.what());
+    }
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id, const std::unordered_set<void*>& expected) override
   {
@@ -593,11 +631,13 @@ public:
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
-      auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
+      const bool defer = !v.routes.empty();  // see block_table.hpp's Note on stream-ordered reuse
+      auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
-      const auto& [b, parked] = *gone;
+      const auto& b = gone->b;
       forget_export(ptr);  // before the address can be handed out (and shared) again
-      if (!parked) strata_free_observed(ptr, b.size, d, static_cast<cudaStream_t>(b.stream), &v.last);
+      if (gone->to_strata) free_to_strata(d, gone->to_strata->first, gone->to_strata->second, &v.last);
+      else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
       v.stats.on_free(b.size, b.requested);
       apply(v);
       if (recording(v)) {
@@ -752,6 +792,37 @@ private:
     v.stats.recount_live(live);
   }
 
+  /// Hands a block to strata's stack, with the streams its pool had recorded it on (the stack holds it for
+  /// them). Device lock held.
+  static void free_to_strata(int device, std::uintptr_t address, const strata::plugin::live_block<context_ptr>& b,
+                             strata_device_figures* figures) noexcept
+  {
+    void* p = reinterpret_cast<void*>(address);
+    for (void* s : b.uses) strata_record_stream_on(device, p, static_cast<cudaStream_t>(s));
+    strata_free_observed(p, b.size, device, static_cast<cudaStream_t>(b.stream), figures);
+  }
+
+  /// Starts an unsettled parked block's wait on its recorded streams; settles it at once where no wait is
+  /// needed. Device lock held, no allocation to a pool under way.
+  void start_wait(device_view& v, std::uintptr_t address, std::uint64_t ticket, const std::vector<void*>& uses) noexcept
+  {
+    if (!v.waits.hold(events_, address, ticket, uses)) (void)v.blocks.settle(address, ticket);
+  }
+
+  /// Settles the parked blocks whose waits are over and starts the waits of deferred frees. Device lock held,
+  /// no allocation to a pool under way (an event recorded in a capture can never be queried). Never waits.
+  void settle_waits(device_view& v) noexcept
+  {
+    v.waits.reap(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
+    std::vector<strata::plugin::deferred_free> deferred;
+    try {
+      deferred = v.blocks.take_deferred();
+    } catch (...) {
+      return;  // no room to list them: they stay deferred, to the next call
+    }
+    for (const auto& f : deferred) start_wait(v, f.address, f.ticket, f.uses);
+  }
+
   context_ptr gather() const
   {
     const auto recorder = context_recorder_.load(std::memory_order_acquire);
@@ -770,9 +841,10 @@ private:
         pool = it->pool;
         break;
       }
+    if (v.routes.empty()) settle_waits(v);
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
-        v.stats.on_allocate(size, size);
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be a little larger
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
         return reinterpret_cast<void*>(*revived);
@@ -802,7 +874,7 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
-        v.stats.on_allocate(size, size);
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         return reinterpret_cast<void*>(*revived);
@@ -989,6 +1061,7 @@ private:
   strata::plugin::opened_handles opened_;
   std::unique_ptr<strata::plugin::descriptor_service> service_;  ///< never destroyed (the backend is not)
   bool service_failed_ = false;
+  strata::cuda_events events_;  ///< stateless: the waits of parked pool blocks record and query through it
 };
 
 /// Never destroyed: PyTorch frees tensors during interpreter teardown, after static destructors run.

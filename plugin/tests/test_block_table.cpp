@@ -38,8 +38,8 @@ TEST_CASE("block_table: live blocks are found by address, once")
   CHECK(t.live_blocks() == 1);
   const auto gone = t.erase(0x1000);
   REQUIRE(gone);
-  CHECK(gone->first.size == 512);
-  CHECK(!gone->second);  // no pool: straight back to strata
+  CHECK(gone->b.size == 512);
+  CHECK(!gone->parked);  // no pool: straight back to strata
   CHECK(!t.erase(0x1000));
   CHECK(t.find(0x1000) == nullptr);
 }
@@ -72,7 +72,7 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   t.insert(0x3000, in(graph, 8192));
   const auto e = t.erase(0x1000);
   REQUIRE(e);
-  CHECK(e->second);  // parked
+  CHECK(e->parked);
   CHECK(t.parked(0x1000));
   CHECK(t.parked_bytes() == 4096);
   CHECK(t.parked_blocks() == 1);
@@ -93,7 +93,7 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   CHECK(t.known(graph));  // 0x3000 still lives in it
   const auto late = t.erase(0x3000);
   REQUIRE(late);
-  CHECK(!late->second);  // the pool is released: straight back to strata
+  CHECK(!late->parked);  // the pool is released: straight back to strata
 }
 
 TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom pool, which keeps it")
@@ -115,7 +115,7 @@ TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom po
   CHECK(t.parked(0x1000));
   const auto freed = t.erase(0x2000);
   REQUIRE(freed);
-  CHECK(freed->second);  // parked back in its pool
+  CHECK(freed->parked);  // parked back in its pool
 }
 
 TEST_CASE("block_table: checkPoolLiveAllocations compares the pool's live blocks with PyTorch's set")
@@ -197,7 +197,7 @@ TEST_CASE("block_table: random pool traffic with checkpoints keeps parked bytes 
       auto it = live.begin();
       std::advance(it, static_cast<long>(rng() % live.size()));
       const auto e = t.erase(*it);
-      if (!e || !e->second) break;
+      if (!e || !e->parked) break;
       live.erase(it);
     } else if (r == 8) {
       saved = t.checkpoint(0, graph);
@@ -296,4 +296,220 @@ TEST_CASE("address_table: taking from a probe run that wraps past the end keeps 
   CHECK(t.take(d) == std::optional<int>{4});
   CHECK(t.take(c) == std::optional<int>{3});
   CHECK(t.size() == 0);
+}
+
+namespace {
+void* stream_a() { return reinterpret_cast<void*>(0xa0); }
+void* stream_b() { return reinterpret_cast<void*>(0xb0); }
+live_block<std::string> on(pool_id p, std::size_t size, void* stream) { return {size, size, stream, p, {}, {}}; }
+constexpr std::size_t MiB = std::size_t{1} << 20;
+} // namespace
+
+TEST_CASE("block_table: a pool serves a smaller request from a larger parked piece, best fit, the rest parked")
+{
+  table t;
+  t.create_or_incref(graph);
+  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  t.insert(0x2000000, on(graph, MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  (void)t.erase(0x2000000);
+  CHECK(t.parked_blocks() == 2);
+  const auto small = t.revive(graph, 1000, 1000, stream_a(), "small");
+  REQUIRE(small);
+  CHECK(*small == 0x2000000);  // the smallest that fits, not the first
+  CHECK(t.find(*small)->size == 1024);  // cut at the granule
+  CHECK(t.find(*small)->requested == 1000);
+  CHECK(t.parked_bytes() == 4 * MiB + MiB - 1024);
+  CHECK(t.parked_blocks() == 2);  // the 1 MiB piece's rest is parked in its place
+  const auto big = t.revive(graph, 3 * MiB, 3 * MiB, stream_a());
+  REQUIRE(big);
+  CHECK(*big == 0x1000000);
+  const auto next = t.revive(graph, MiB - 1024, MiB - 1024, stream_a());
+  REQUIRE(next);
+  CHECK(*next == 0x2000000 + 1024);  // the rest of the small segment fits exactly
+  CHECK(t.parked_bytes() == MiB);
+  CHECK(t.pool_segments() == 2);
+}
+
+TEST_CASE("block_table: parked neighbours merge, so a request as large as the segment is served again")
+{
+  table t;
+  t.create_or_incref(graph);
+  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  std::vector<std::uintptr_t> pieces;
+  for (int i = 0; i < 4; ++i) pieces.push_back(*t.revive(graph, MiB, MiB, stream_a()));
+  CHECK(t.parked_bytes() == 0);
+  for (std::uintptr_t a : {pieces[1], pieces[3], pieces[0], pieces[2]}) (void)t.erase(a);  // out of order
+  CHECK(t.parked_blocks() == 1);
+  CHECK(t.parked_bytes() == 4 * MiB);
+  CHECK(t.revive(graph, 4 * MiB, 4 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+}
+
+TEST_CASE("block_table: no reuse across streams; a segment serves the stream it was allocated on")
+{
+  table t;
+  t.create_or_incref(graph);
+  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  CHECK(!t.revive(graph, MiB, MiB, stream_b()));
+  t.insert(0x3000000, on(graph, 2 * MiB, stream_b()));
+  (void)t.erase(0x3000000);
+  CHECK(t.revive(graph, MiB, MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000});
+  CHECK(t.revive(graph, MiB, MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000 + MiB});
+  CHECK(!t.revive(graph, MiB, MiB, stream_b()));  // b's segment is used up; a's is not b's
+  CHECK(t.revive(graph, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+}
+
+TEST_CASE("block_table: a released pool gives a segment back whole, once none of its pieces is live")
+{
+  table t;
+  t.create_or_incref(user);
+  t.insert(0x1000000, on(user, 2 * MiB, stream_a()));
+  t.insert(0x4000000, on(user, MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  (void)t.erase(0x4000000);
+  const auto a = *t.revive(user, MiB, MiB, stream_a());  // in the 1 MiB segment (best fit)
+  const auto b = *t.revive(user, MiB, MiB, stream_a());  // half the 2 MiB one
+  CHECK(a == 0x4000000);
+  CHECK(b == 0x1000000);
+  const auto first = t.release(user);  // a's segment and b's have live pieces: nothing yet
+  CHECK(first.empty());
+  const auto gone_b = t.erase(b);
+  REQUIRE(gone_b);
+  CHECK(!gone_b->parked);
+  REQUIRE(gone_b->to_strata);
+  CHECK(gone_b->to_strata->first == 0x1000000);
+  CHECK(gone_b->to_strata->second.size == 2 * MiB);  // the segment, not the piece
+  CHECK(gone_b->to_strata->second.stream == stream_a());
+  CHECK(t.known(user));
+  const auto gone_a = t.erase(a);
+  REQUIRE(gone_a->to_strata);
+  CHECK(gone_a->to_strata->second.size == MiB);
+  CHECK(!t.known(user));
+  CHECK(t.parked_bytes() == 0);
+  CHECK(t.parked_blocks() == 0);
+}
+
+TEST_CASE("block_table: a backward pass reuses the forward's frees whatever their sizes")
+{
+  table t;
+  t.create_or_incref(graph);
+  std::uintptr_t next = 0x10000000;
+  std::size_t segments = 0;
+  const auto alloc = [&](std::size_t size) {
+    if (const auto a = t.revive(graph, size, size, stream_a())) return *a;
+    t.insert(next, on(graph, size, stream_a()));
+    ++segments;
+    const std::uintptr_t a = next;
+    next += 64 * MiB;
+    return a;
+  };
+  std::vector<std::uintptr_t> activations;
+  for (std::size_t mib : {24, 16, 16, 8, 40}) activations.push_back(alloc(mib * MiB));
+  CHECK(segments == 5);
+  // Backward: each activation freed after its gradients are made; gradients of other sizes.
+  std::vector<std::uintptr_t> grads;
+  for (int i = 4; i >= 0; --i) {
+    (void)t.erase(activations[static_cast<std::size_t>(i)]);
+    for (std::size_t kib : {3000, 5000, 700}) grads.push_back(alloc(kib * 1024));
+  }
+  CHECK(segments == 5);  // every gradient came out of a freed activation
+  CHECK(t.pool_segment_bytes() == 104 * MiB);
+}
+
+TEST_CASE("block_table: a checkpoint of cut pieces is restored by cutting the segments again")
+{
+  table t;
+  t.create_or_incref(graph);
+  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  const auto p1 = *t.revive(graph, MiB, MiB, stream_a(), "one");
+  const auto p2 = *t.revive(graph, 2 * MiB, 2 * MiB, stream_a(), "two");
+  const auto saved = t.checkpoint(0, graph);
+  (void)t.erase(p1);
+  (void)t.erase(p2);
+  const auto other = *t.revive(graph, 3 * MiB + 512 * 1024, 100, stream_a());
+  CHECK(other == 0x1000000);
+  const auto d = t.restore(saved);
+  REQUIRE(d.freed.size() == 1);
+  CHECK(d.freed[0] == other);
+  REQUIRE(d.revived.size() == 2);
+  CHECK(t.find(p1)->size == MiB);
+  CHECK(t.find(p2)->size == 2 * MiB);
+  CHECK(t.find(p2)->context == "two");
+  CHECK(t.parked_bytes() == MiB);  // the segment's last MiB
+  CHECK(t.revive(graph, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000 + 3 * MiB});
+  (void)t.release(graph);
+  pool_checkpoint<std::string> stale = saved;
+  CHECK_THROWS_AS(t.restore(stale), std::invalid_argument);
+}
+
+TEST_CASE("block_table: random pool traffic over two streams keeps pieces tiling their segments")
+{
+  std::mt19937_64 rng(77);
+  table t;
+  t.create_or_incref(graph);
+  std::uintptr_t next = 0x10000000;
+  std::map<std::uintptr_t, std::pair<std::size_t, void*>> segments;  // base -> size, stream
+  std::map<std::uintptr_t, std::pair<std::size_t, void*>> live;      // address -> size, stream
+  std::size_t ok = 0, revived = 0;
+  for (int i = 0; i < 20000; ++i) {
+    void* s = rng() % 2 ? stream_a() : stream_b();
+    if (rng() % 2 == 0 || live.empty()) {
+      const std::size_t size = 256 * (1 + rng() % 4096);
+      if (const auto a = t.revive(graph, size, size, s)) {
+        ++revived;
+        live[*a] = {t.find(*a)->size, s};
+      } else {
+        t.insert(next, on(graph, size, s));
+        segments[next] = {size, s};
+        live[next] = {size, s};
+        next += 2 * MiB;
+      }
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      (void)t.erase(it->first);
+      live.erase(it);
+    }
+    // Live pieces lie inside a segment of their own stream, without overlap; the rest of every segment is parked.
+    bool good = true;
+    std::size_t live_bytes = 0;
+    std::uintptr_t end_of_last = 0;
+    for (const auto& [a, piece] : live) {
+      auto seg = segments.upper_bound(a);
+      good = good && seg != segments.begin();
+      if (!good) break;
+      --seg;
+      good = good && a + piece.first <= seg->first + seg->second.first && piece.second == seg->second.second && a >= end_of_last &&
+             piece.first >= 256;
+      end_of_last = a + piece.first;
+      live_bytes += piece.first;
+    }
+    std::size_t segment_bytes = 0;
+    for (const auto& [b, seg] : segments) segment_bytes += seg.first;
+    if (good && live_bytes + t.parked_bytes() == segment_bytes && t.pool_segment_bytes() == segment_bytes) ++ok;
+  }
+  CHECK(ok == 20000);
+  CHECK(revived > 5000);
+}
+
+TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best fitting first")
+{
+  table t;
+  t.create_or_incref(user);
+  CHECK_THROWS_AS(t.set_no_split(graph), std::invalid_argument);
+  t.set_no_split(user);
+  t.insert(0x1000000, on(user, 4 * MiB, stream_a()));
+  t.insert(0x2000000, on(user, 2 * MiB, stream_a()));
+  (void)t.erase(0x1000000);
+  (void)t.erase(0x2000000);
+  const auto a = t.revive(user, MiB, MiB, stream_a());
+  REQUIRE(a);
+  CHECK(*a == 0x2000000);
+  CHECK(t.find(*a)->size == 2 * MiB);  // whole
+  CHECK(t.parked_blocks() == 1);
+  CHECK(t.revive(user, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+  CHECK(!t.revive(user, MiB, MiB, stream_a()));
 }

@@ -752,6 +752,62 @@ TEST_CASE("C API: graph-pool hooks route a stream's allocations to a private poo
         }) == "");
 }
 
+TEST_CASE("C API: empty_cache releases nothing and reports nothing on a device with an allocation to a pool under way")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_devices=2") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), c = strata_sim_stream_create(0), d = strata_sim_stream_create(1);
+          void* idle0 = strata_malloc(8 * MiB, 0, a);
+          void* idle1 = strata_malloc(8 * MiB, 1, d);
+          strata_free(idle0, 8 * MiB, 0, a);
+          strata_free(idle1, 8 * MiB, 1, d);
+          const long long held0 = stat(0, "reserved_bytes.all.current");
+          EXPECT(held0 >= static_cast<long long>(8 * MiB));
+          static cudaStream_t captured = nullptr;
+          captured = c;
+          strata_begin_allocate_to_pool(0, {1, 0}, [](cudaStream_t s) { return s == captured; });
+          strata_report_error("");
+          EXPECT(strata_reset_device(0) == 0);  // a capture may be running: no host wait, no error
+          EXPECT(std::string(strata_last_error()).empty());
+          EXPECT(stat(0, "reserved_bytes.all.current") == held0);
+          strata_reset();                                      // every device: device 1 releases, device 0 waits
+          EXPECT(std::string(strata_last_error()).empty());
+          EXPECT(stat(0, "reserved_bytes.all.current") == held0);
+          EXPECT(stat(1, "reserved_bytes.all.current") == 0);
+          strata_end_allocate_to_pool(0, {1, 0});
+          EXPECT(strata_reset_device(0) == 0);
+          EXPECT(stat(0, "reserved_bytes.all.current") == 0);
+          EXPECT(strata_reset_device(5) == 0);  // nothing built there: nothing held
+          strata_release_pool(0, {1, 0});
+        }) == "");
+}
+
+TEST_CASE("C API: record_stream of one device's block, callable inside the device's lock")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_devices=2") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          void* p = strata_malloc(MiB, 0, a);
+          EXPECT(strata_sim_launch(b) == 0);  // b's work reads the block (the pretend GPU's lock: outside the section)
+          EXPECT(strata_device_lock(0) == 0);
+          strata_record_stream_on(0, p, b);
+          strata_free(p, MiB, 0, a);
+          strata_device_unlock(0);
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == static_cast<long long>(MiB));
+          void* q = strata_malloc(MiB, 0, a);
+          EXPECT(q != p);  // not reused while b may still read it
+          EXPECT(strata_sim_finish(b) == 0);
+          EXPECT(strata_malloc(4096, 0, a) != nullptr);
+          EXPECT(stat(0, "strata.held_for_other_streams_bytes") == 0);
+          strata_report_error("");
+          strata_record_stream_on(1, q, b);  // device 1's stack is not built: q is not its block
+          EXPECT(mentions("not strata's"));
+          (void)strata_malloc(MiB, 1, strata_sim_stream_create(1));
+          strata_record_stream_on(1, q, b);
+          EXPECT(mentions("not a strata block of device 1"));
+        }) == "");
+}
+
 TEST_CASE("C API: free of a pointer on a device that never allocated is reported, not passed on")
 {
   CHECK(in_child([](expectations& ex) {

@@ -137,7 +137,47 @@ TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held
   CHECK(tiled[0].blocks[1].active);
   CHECK(tiled[0].blocks[2].size == 6144);
 
-  const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: its segments only
+  const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: the chunks holding its memory only
+  REQUIRE(only.size() == 2);
+  CHECK(only[0].address == 0x100000);  // its parked block
+  CHECK(only[1].address == 0x200000);
+  CHECK(snapshot_segments(s, t, pool_id{0, 9}).empty());
+}
+
+TEST_CASE("snapshot: a private pool's segment is listed as its pieces, live ones allocated, parked ones inactive")
+{
+  snapshot s;
+  s.box = "mapped_pool";
+  s.segments.push_back({0x100000, 1 << 20, {{0, 1 << 20, false, 1}}});  // strata sees one block: the segment
+  s.segments.push_back({0x300000, 4096, {{0, 4096, false, 1}}});
+  block_table<frames> t;
+  const pool_id user{0, 3};
+  t.create_or_incref(user);
+  void* const stream = reinterpret_cast<void*>(9);
+  t.insert(0x100000, {1 << 20, 1 << 20, stream, user, {}});
+  (void)t.erase(0x100000);
+  const auto a = t.revive(user, 4000, 4000, stream, {{"layer.py:3"}});
+  const auto b = t.revive(user, 8192, 8192, stream);
+  REQUIRE(a);
+  REQUIRE(b);
+  (void)t.erase(*b);  // parked again, merged with the rest
+  t.insert(0x300000, {4096, 4096, nullptr, {}, {}});
+  const auto segs = snapshot_segments(s, t);
+  REQUIRE(segs.size() == 2);
+  REQUIRE(segs[0].blocks.size() == 2);
+  CHECK(segs[0].blocks[0].size == 4096);
+  CHECK(segs[0].blocks[0].allocated);
+  CHECK(segs[0].blocks[0].requested == 4000);
+  CHECK(segs[0].blocks[0].context.lines == std::vector<std::string>{"layer.py:3"});
+  CHECK(segs[0].blocks[1].size == (1 << 20) - 4096);
+  CHECK(!segs[0].blocks[1].active);
+  CHECK(segs[0].allocated == 4096);
+  CHECK(segs[0].pool == user);
+  CHECK(segs[0].stream == stream);
+  (void)t.erase(*a);  // every piece parked: still the pool's segment
+  const auto only = snapshot_segments(s, t, user);
   REQUIRE(only.size() == 1);
-  CHECK(only[0].address == 0x200000);
+  CHECK(only[0].address == 0x100000);
+  CHECK(only[0].pool == user);
+  CHECK(only[0].allocated == 0);
 }
