@@ -26,6 +26,7 @@
 
 #include <strata/default_pool.hpp>
 #include <strata/sleep/tag_scope.hpp>
+#include <strata/adaptor/statistics.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/device_source.hpp>
 
@@ -251,10 +252,13 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);
-    using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
-    coalescing_pool<device_source>::options chunks{};
+    // The chunks come through a counter: memory_stats' num_device_alloc and num_device_free are its counts.
+    using chunk_source = statistics<device_source>;
+    using coalescing_stack = stream_ordered<coalescing_pool<chunk_source>>;
+    coalescing_pool<chunk_source>::options chunks{};
     chunks.return_free_chunks = c.return_free_chunks;
-    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}, chunks}, stream_options<coalescing_stack>(c)}, c, device);
+    chunks.max_reserved = s.cap;
+    s.stack = hold(coalescing_stack{coalescing_pool<chunk_source>{chunk_source{device_source{device}}, chunks}, stream_options<coalescing_stack>(c)}, c, device);
   }
   strata::detail::scoped_device on(device);
   s.context = strata::detail::current_context();
@@ -624,6 +628,7 @@ void strata_set_memory_fraction(double fraction, int device)
     slot_lock lock(s);
     const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
     s.cap = std::min(wanted, s.pool_cap);
+    s.stack->set_reserved_cap(s.cap);  // the fraction caps what strata holds, as limit= does
     if (wanted > s.pool_cap)
       set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
                                            std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");

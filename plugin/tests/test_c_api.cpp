@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -344,6 +345,123 @@ TEST_CASE("C API: limit= and set_memory_fraction cap the bytes in use")
           EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(512 * MiB));  // unchanged
           strata_set_memory_fraction(1.0, 0);
           EXPECT(strata_malloc(200 * MiB, 0, a) != nullptr);
+        }) == "");
+}
+
+namespace {
+
+/// What a capped run saw: which of its operations succeeded, and the most the stack held at any point.
+struct capped_run {
+  std::string outcomes;
+  long long reserved_peak = 0;
+  long long most_held = 0;
+  int successes = 0;
+};
+
+/// Random allocations on two streams, some with a recorded use on the other stream (held after their free
+/// until that stream finishes), under a cap of 256 MiB given as limit= (`use_fraction` false) or as
+/// set_memory_fraction (true) on a 1 GiB simulated device. Checks after every call that the stack never holds
+/// more than the cap.
+capped_run run_capped(expectations& ex, bool use_fraction)
+{
+  const std::size_t cap = 256 * MiB;
+  EXPECT(strata_configure(use_fraction ? "stack=simulated,sim_capacity=1GiB" : "stack=simulated,sim_capacity=1GiB,limit=256MiB") == 0);
+  cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+  if (use_fraction) {
+    void* first = strata_malloc(MiB, 0, a);  // builds the stack with no cap, as PyTorch's first tensor does
+    strata_free(first, MiB, 0, a);
+    strata_set_memory_fraction(0.25, 0);
+  }
+  capped_run run;
+  std::mt19937 rng(7);
+  struct live {
+    void* p;
+    std::size_t n;
+  };
+  std::vector<live> blocks;
+  for (int i = 0; i < 400; ++i) {
+    if (blocks.empty() || rng() % 3 != 0) {
+      const std::size_t n = (1 + rng() % 96) * MiB;
+      void* p = strata_malloc(n, 0, a);
+      run.outcomes += p != nullptr ? '+' : '-';
+      if (p != nullptr) {
+        ++run.successes;
+        if (rng() % 2 == 0) {
+          strata_record_stream(p, b);  // b's work reads it: its memory stays held after the free
+          EXPECT(strata_sim_launch(b) == 0);
+        }
+        blocks.push_back({p, n});
+      }
+    } else {
+      const std::size_t k = rng() % blocks.size();
+      strata_free(blocks[k].p, blocks[k].n, 0, a);
+      blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(k));
+      ++run.successes;
+      if (rng() % 4 == 0) EXPECT(strata_sim_finish(b) == 0);
+    }
+    strata_device_figures f{};
+    EXPECT(strata_device_figures_get(0, &f) == 0);
+    EXPECT(f.reserved <= cap);
+    EXPECT(f.limit == cap);
+    run.most_held = std::max(run.most_held, static_cast<long long>(f.reserved));
+  }
+  run.reserved_peak = stat(0, "reserved_bytes.all.peak");
+  EXPECT(run.reserved_peak <= static_cast<long long>(cap));
+  EXPECT(run.outcomes.find('-') != std::string::npos);  // the cap was reached...
+  EXPECT(run.most_held > static_cast<long long>(cap * 3 / 4));  // ...by what the stack held
+  return run;
+}
+
+} // namespace
+
+TEST_CASE("C API: limit= and set_memory_fraction cap what the stack holds, alike, never exceeded")
+{
+  std::string failures;
+  for (const bool use_fraction : {false, true}) {
+    const std::string child = in_child([&](expectations& ex) {
+      const capped_run run = run_capped(ex, use_fraction);
+      EXPECT(run.successes > 200);
+      // The outcome travels to the parent as a failure line prefixed "run:" and is compared there.
+      ex.failures += "run:" + run.outcomes + ":" + std::to_string(run.reserved_peak) + "\n";
+    });
+    failures += (use_fraction ? "fraction " : "limit ") + child;
+  }
+  // Each child reports its run as one line "run:OUTCOMES:PEAK" and nothing else; the two runs match operation
+  // for operation.
+  INFO(failures);
+  auto run_line = [&](const std::string& label) {
+    const std::size_t at = failures.find(label + "run:");
+    REQUIRE(at != std::string::npos);
+    return failures.substr(at + label.size(), failures.find('\n', at) - at - label.size());
+  };
+  CHECK(run_line("limit ") == run_line("fraction "));
+  CHECK(std::count(failures.begin(), failures.end(), '\n') == 2);
+}
+
+TEST_CASE("C API: a fraction lowered below what the stack holds refuses growth; raised again, the stack grows")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* big = strata_malloc(300 * MiB, 0, a);
+          EXPECT(big != nullptr);
+          strata_set_memory_fraction(0.25, 0);  // 256 MiB, below the 300 MiB in use
+          EXPECT(strata_malloc(MiB, 0, a) == nullptr);
+          strata_free(big, 300 * MiB, 0, a);
+          void* p = strata_malloc(200 * MiB, 0, a);  // served from what the stack holds: no growth
+          EXPECT(p != nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 300 * MiB);
+          strata_reset();  // empty_cache: the idle mappings above the cap go back
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 256 * MiB);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_set_memory_fraction(1.0, 0);
+          void* q = strata_malloc(600 * MiB, 0, a);
+          EXPECT(q != nullptr);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved >= 800 * MiB);
         }) == "");
 }
 

@@ -93,6 +93,11 @@ public:
   coalescing_pool& operator=(const coalescing_pool&) = delete;
   ~coalescing_pool() = default;
 
+  /// Moves max_reserved while the pool lives (a per-process memory fraction set late). Chunks already above a
+  /// lowered cap stay until they are wholly free and handed back; no new chunk lifts the pool over it. O(1).
+  void set_max_reserved(std::size_t bytes) noexcept { opts_.max_reserved = bytes; }
+  std::size_t max_reserved() const noexcept { return opts_.max_reserved; }
+
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
     check_alignment("coalescing_pool", alignment, std::max({opts_.max_chunk, std::size_t{1} << 30, default_alignment}));
