@@ -57,6 +57,11 @@ STRATA_ALLOC_API void* strata_base_alloc(void* ptr, size_t* size);              
 /* ---- Configuration ------------------------------------------------------------------------------------ */
 STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */
 STRATA_ALLOC_API int strata_check_env(void);               /* parses STRATA_ALLOC_CONF now: 0 ok / nonzero + message */
+/* PyTorch's allocator settings (PYTORCH_CUDA_ALLOC_CONF's text) applied to strata: per_process_memory_fraction
+ * caps every device's stack as set_memory_fraction does. 0: applied; 1: applied, with settings that have no
+ * effect under strata described in strata_last_error() (one a line); -1: refused (nothing applied), the reason
+ * in strata_last_error(). */
+STRATA_ALLOC_API int strata_apply_torch_conf(const char* text);
 STRATA_ALLOC_API const char* strata_last_error(void);      /* this thread's last failure ("" if none); valid until its next call */
 STRATA_ALLOC_API int strata_is_in_use(void);               /* 1 once any stack was built */
 
@@ -76,7 +81,7 @@ typedef struct strata_device_figures {
   size_t held_bytes;                 /* freed blocks waiting for other streams' recorded work */
   size_t held_blocks;
   size_t allocated;                  /* the plug-in's live bytes, as requested */
-  size_t limit;                      /* bytes in use allowed (limit=, set_memory_fraction); SIZE_MAX: none */
+  size_t limit;                      /* bytes strata may hold, so in use too (limit=, set_memory_fraction); SIZE_MAX: none */
   size_t device_memory;              /* the device's total memory (sim_capacity for stack=simulated) */
   unsigned long long device_allocs;  /* physical allocations from the driver so far (page-mapped stacks; 0 otherwise) */
   unsigned long long device_frees;   /* physical releases to the driver so far (page-mapped stacks; 0 otherwise) */

@@ -95,7 +95,7 @@ struct device_slot {
   std::unique_ptr<device_stack> stack;
   bool simulated = false;
   void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
-  std::size_t cap = SIZE_MAX;       ///< bytes in use allowed (limit=, set_memory_fraction)
+  std::size_t cap = SIZE_MAX;       ///< bytes the stack may hold from CUDA, so in use too (limit=, set_memory_fraction)
   std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
   std::size_t device_memory = 0;
   device_stats stats;
@@ -116,6 +116,8 @@ struct plugin_state {
   std::mutex world_mutex;  ///< the simulated devices' one lock
   std::unique_ptr<simulated_streams> world;
   std::atomic<bool> atexit_registered{false};
+  /// PyTorch's per_process_memory_fraction (strata_apply_torch_conf): each stack starts under it.
+  std::optional<double> torch_fraction;
 };
 
 /// A device slot's lock for one entry point: none inside a section its thread holds (strata_device_lock),
@@ -266,6 +268,15 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
 
 void flush_all_traces() noexcept;
 
+/// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
+/// follows it. The slot's lock held (or the slot not yet published).
+void apply_fraction(device_slot& s, double fraction) noexcept
+{
+  const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
+  s.cap = std::min(wanted, s.pool_cap);
+  s.stack->set_reserved_cap(s.cap);  // the fraction caps what strata holds, as limit= does
+}
+
 /// The device's slot with its stack built (first use: from the configuration). Throws what refused it.
 device_slot& slot_for(int device)
 {
@@ -283,6 +294,7 @@ device_slot& slot_for(int device)
   } else {
     build_cuda(s, c, device);
   }
+  if (st.torch_fraction) apply_fraction(s, *st.torch_fraction);
   if (!c.record.empty() && !st.atexit_registered.exchange(true)) std::atexit(flush_all_traces);
   st.in_use.store(true, std::memory_order_release);
   s.built.store(true, std::memory_order_release);
@@ -627,8 +639,7 @@ void strata_set_memory_fraction(double fraction, int device)
     device_slot& s = slot_for(device);
     slot_lock lock(s);
     const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
-    s.cap = std::min(wanted, s.pool_cap);
-    s.stack->set_reserved_cap(s.cap);  // the fraction caps what strata holds, as limit= does
+    apply_fraction(s, fraction);
     if (wanted > s.pool_cap)
       set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
                                            std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
@@ -692,6 +703,33 @@ int strata_configure(const char* conf)
   } catch (const std::exception& e) {
     set_error("configure", e);
     return 1;
+  }
+}
+
+int strata_apply_torch_conf(const char* text)
+{
+  plugin_state& st = state();
+  try {
+    torch_conf_reading r;
+    {
+      std::lock_guard lock(st.config_mutex);
+      r = parse_torch_alloc_conf(text != nullptr ? text : "", conf_locked(st).stack);
+      if (r.fraction) st.torch_fraction = r.fraction;
+    }
+    if (r.fraction)
+      for (int d = 0; d < max_devices; ++d)
+        if (device_slot* s = built_slot(d)) {
+          slot_lock lock(*s);
+          apply_fraction(*s, *r.fraction);
+        }
+    if (r.notes.empty()) return 0;
+    std::string joined;
+    for (const std::string& n : r.notes) joined += (joined.empty() ? "" : "\n") + n;
+    set_error("", joined);
+    return 1;
+  } catch (const std::exception& e) {
+    set_error("", e.what());
+    return -1;
   }
 }
 

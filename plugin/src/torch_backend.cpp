@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -229,6 +230,7 @@ public:
     }
     device_count_.store(device_count, std::memory_order_release);
     initialized_.store(true, std::memory_order_release);
+    apply_torch_conf();
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override
@@ -565,6 +567,18 @@ public:
   }
 
 private:
+  /// PyTorch's allocator settings, read where PyTorch reads them: honoured, said to have no effect (a warning
+  /// each), or refused (CUDA's initialization fails with the reason).
+  static void apply_torch_conf()
+  {
+    const char* text = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    if (text == nullptr) text = std::getenv("PYTORCH_ALLOC_CONF");
+    if (text == nullptr) return;
+    const int status = strata_apply_torch_conf(text);
+    TORCH_CHECK(status >= 0, "strata: ", strata_last_error());
+    if (status == 1) TORCH_WARN("strata: ", strata_last_error());
+  }
+
   device_view& view(c10::DeviceIndex device)
   {
     const int count = device_count_.load(std::memory_order_acquire);

@@ -465,6 +465,44 @@ TEST_CASE("C API: a fraction lowered below what the stack holds refuses growth; 
         }) == "");
 }
 
+TEST_CASE("C API: PyTorch's per_process_memory_fraction caps what the stack holds; settings without effect are said")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.25") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* p = strata_malloc(200 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 256 * MiB);
+          EXPECT(f.reserved <= 256 * MiB);
+          // Applied again once the stack is built: the built stack follows.
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.5,max_split_size_mb:64") == 1);
+          EXPECT(mentions("max_split_size_mb:64 has no effect under strata"));
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 512 * MiB);
+          void* q = strata_malloc(300 * MiB, 0, a);
+          EXPECT(q != nullptr);
+          // A refusal applies nothing.
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.125,garbage_collection_threshold:0.5") == -1);
+          EXPECT(mentions("garbage_collection_threshold:0.5"));
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 512 * MiB);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // with limit= as well, the smaller cap holds
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=128MiB") == 0);
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.5") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_malloc(100 * MiB, 0, a) != nullptr);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 128 * MiB);
+        }) == "");
+}
+
 TEST_CASE("C API: record_stream holds a block until the recorded stream's work is done")
 {
   CHECK(in_child([](expectations& ex) {
