@@ -48,6 +48,7 @@ struct stack_reading {
   std::size_t held_blocks = 0;
   std::uint64_t page_creates = 0;   ///< physical allocations since built (zero without page mapping)
   std::uint64_t page_releases = 0;
+  std::size_t releasable = 0;       ///< idle bytes release() would hand back (free pages, wholly free chunks)
 };
 
 /// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
@@ -158,6 +159,7 @@ public:
   stack_reading read() const noexcept override
   {
     stack_reading r{.usage = inner().usage(), .held_bytes = uses_.held_bytes(), .held_blocks = uses_.held_blocks()};
+    if constexpr (requires { inner().policy().idle_bytes(); }) r.releasable = inner().policy().idle_bytes();
     if constexpr (requires { inner().policy().page_calls(); }) {
       const page_counters& pages = inner().policy().page_calls();
       r.page_creates = pages.creates;

@@ -57,7 +57,8 @@ struct trace_record {
 template <class Context>
 class memory_history {
 public:
-  /// recordHistory. Throws std::invalid_argument (nothing changed) on an unknown skipped action name.
+  /// recordHistory: turning recording off, or `clear`, empties the trace. Throws std::invalid_argument
+  /// (nothing changed) on an unknown skipped action name.
   void configure(bool enabled, context_mode when, std::size_t max_entries, bool clear, const std::vector<std::string>& skip)
   {
     std::vector<bool> skipped(static_cast<std::size_t>(trace_action::oom) + 1, false);
@@ -66,7 +67,7 @@ public:
     when_ = enabled ? when : context_mode::never;
     max_entries_ = max_entries;
     skipped_ = std::move(skipped);
-    if (clear) trace_.clear();
+    if (clear || !enabled) trace_.clear();  // turning recording off drops the trace, as PyTorch's does
     trim();
   }
 

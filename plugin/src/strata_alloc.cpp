@@ -399,6 +399,7 @@ void fill_figures(const device_slot& s, const stack_reading& r, strata_device_fi
   out->device_memory = s.device_memory;
   out->device_allocs = r.page_creates;
   out->device_frees = r.page_releases;
+  out->releasable = r.releasable;
   out->alloc_retries = s.stats.num_alloc_retries;
   out->ooms = s.stats.num_ooms;
 }

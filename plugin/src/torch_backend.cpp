@@ -129,7 +129,7 @@ struct device_view {
   strata::plugin::block_table<context_ptr> blocks;
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
-  std::array<std::size_t, 3> oom_figures{};  ///< allocated, device total, device free at the last out of memory
+  std::array<std::size_t, 3> oom_figures{};  ///< the request, the most allowed, the device's free bytes at the last out of memory
   /// The stack's figures as the backend's last call into it left them: a call that changes only the backend's
   /// own table (a parked block freed or revived) observes these, the stack being as it was.
   strata_device_figures last{};
@@ -654,6 +654,7 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
+        v.stats.on_oom_served();  // the caller got its memory: not an out of memory it saw
         v.stats.on_allocate(size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
@@ -690,10 +691,13 @@ private:
     }
     const strata_device_figures& f = v.last;
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
-    v.oom_figures = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
+    // What PyTorch's observers are given: the request, the most the process may hold (the cap, else the
+    // device's memory) and the device's free memory.
+    v.oom_figures = {size, f.limit != SIZE_MAX ? f.limit : device_total, device_free};
+    const auto allocated = static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current);
     std::string m = "CUDA out of memory. Tried to allocate " + bytes_text(size) + ". GPU " + std::to_string(device) +
                     " has a total capacity of " + bytes_text(device_total) + " of which " + bytes_text(device_free) +
-                    " is free. Of the allocated memory " + bytes_text(v.oom_figures[0]) + " is allocated by PyTorch, and " +
+                    " is free. Of the allocated memory " + bytes_text(allocated) + " is allocated by PyTorch, and " +
                     bytes_text(f.reserved - std::min(f.reserved, f.in_use)) + " is reserved by strata but unallocated. " +
                     "strata holds " + bytes_text(f.reserved) + " (largest free block " + bytes_text(f.largest_free) + ", " +
                     bytes_text(f.held_bytes) + " held for other streams";

@@ -503,6 +503,31 @@ TEST_CASE("C API: PyTorch's per_process_memory_fraction caps what the stack hold
         }) == "");
 }
 
+TEST_CASE("C API: the figures say how much idle memory empty_cache would hand back")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* keep = strata_malloc(3 * MiB, 0, a);
+          void* p = strata_malloc(64 * MiB, 0, a);
+          EXPECT(keep != nullptr && p != nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          const std::size_t releasable_live = f.releasable;
+          EXPECT(f.releasable <= f.reserved - f.in_use);
+          strata_free(p, 64 * MiB, 0, a);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.releasable >= releasable_live + 64 * MiB);
+          EXPECT(f.releasable <= f.reserved - f.in_use);
+          const std::size_t before = f.reserved, releasable = f.releasable;
+          strata_reset();
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved == before - releasable);
+          EXPECT(f.releasable == 0);
+          strata_free(keep, 3 * MiB, 0, a);
+        }) == "");
+}
+
 TEST_CASE("C API: record_stream holds a block until the recorded stream's work is done")
 {
   CHECK(in_child([](expectations& ex) {

@@ -141,3 +141,20 @@ TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held
   REQUIRE(only.size() == 1);
   CHECK(only[0].address == 0x200000);
 }
+
+TEST_CASE("memory_history: turning recording off drops the trace, clear or not")
+{
+  memory_history<frames> h;
+  h.configure(true, context_mode::all, 10, false, {});
+  for (std::uintptr_t a = 1; a <= 4; ++a) h.record(rec(trace_action::alloc, a, 10));
+  REQUIRE(h.trace().size() == 4);
+  h.configure(true, context_mode::alloc, 10, false, {});  // still on, not cleared: kept
+  CHECK(h.trace().size() == 4);
+  h.configure(false, context_mode::never, 10, false, {});
+  CHECK(h.trace().empty());
+  CHECK(!h.enabled());
+  h.configure(true, context_mode::all, 10, false, {});  // on again: starts empty
+  h.record(rec(trace_action::free_requested, 7, 10));
+  REQUIRE(h.trace().size() == 1);
+  CHECK(h.trace().front().address == 7);
+}

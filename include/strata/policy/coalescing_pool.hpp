@@ -183,6 +183,9 @@ public:
     return returned;
   }
 
+  /// The bytes of the wholly free chunks: what release() would hand back. O(1).
+  std::size_t idle_bytes() const noexcept { return idle_.bytes; }
+
   strata::usage usage() const noexcept
   {
     return {.reserved = held_.reserved, .in_use = held_.in_use, .largest_free = std::max(bands_[0].largest(), bands_[1].largest()),
@@ -264,6 +267,7 @@ private:
     if (idle_.head != nullptr) idle_.head->idle_prev = b;
     idle_.head = b;
     ++idle_.count;
+    idle_.bytes += b->size;
   }
 
   void remove_free(block* b) noexcept
@@ -275,6 +279,7 @@ private:
     if (b->idle_next != nullptr) b->idle_next->idle_prev = b->idle_prev;
     b->idle_prev = b->idle_next = nullptr;
     --idle_.count;
+    idle_.bytes -= b->size;
   }
 
   /// A wholly free chunk far larger than the request (more than three times, and by more than max_chunk)
@@ -443,6 +448,7 @@ private:
   struct idle_chunks {
     block* head = nullptr;  // wholly free chunks, whichever band
     std::size_t count = 0;
+    std::size_t bytes = 0;
   };
   struct spare_nodes {
     std::array<block*, spare_count> node{};  // made ahead, so no split can fail
