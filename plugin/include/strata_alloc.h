@@ -143,6 +143,7 @@ STRATA_ALLOC_API void strata_cupy_set_stream(cudaStream_t stream);  /* this thre
 STRATA_ALLOC_API cudaStream_t strata_sim_stream_create(int device);  /* null (+ message) unless the stack is simulated */
 STRATA_ALLOC_API int strata_sim_launch(cudaStream_t stream);          /* enqueue one piece of pretend work: 0 ok */
 STRATA_ALLOC_API int strata_sim_finish(cudaStream_t stream);          /* complete the stream's work so far: 0 ok */
+STRATA_ALLOC_API int strata_sim_capture(cudaStream_t stream, int begin);  /* begin (1) or end (0) a capture: 0 ok */
 
 #ifdef __cplusplus
 } /* extern "C" */

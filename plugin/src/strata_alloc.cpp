@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -356,11 +357,30 @@ void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
     ++s.stats.num_alloc_retries;
     try {
       s.stack->release();
+    } catch (const std::exception& e) {
+      // Releasing waits for the device, which a capture forbids: the request stays out of memory.
+      if (s.routes == 0) throw;
+      ++s.stats.num_ooms;
+      throw out_of_memory("strata plug-in", size, std::string("idle memory cannot be released while a stream may be captured (") +
+                                                     e.what() + ")");
+    }
+    try {
       p = s.stack->allocate(size, stream);
     } catch (const std::bad_alloc&) {
       ++s.stats.num_ooms;
       throw;
+    } catch (const usage_error& e) {
+      if (s.routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
+      ++s.stats.num_ooms;  // See Note: growth refused under a capture
+      throw out_of_memory("strata plug-in", size, e.what());
     }
+  } catch (const usage_error& e) {
+    // Note: growth refused under a capture. The stream layer refuses to let its policy grow under a capture
+    // when growing needs a device wait (a reclaim at the cap), nesting the policy's failure: memory is short,
+    // and PyTorch's caller expects torch.OutOfMemoryError, not a RuntimeError.
+    if (s.routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
+    ++s.stats.num_ooms;
+    throw out_of_memory("strata plug-in", size, e.what());
   }
   account_alloc(s, size);
   return p;
@@ -1053,6 +1073,21 @@ int strata_sim_launch(cudaStream_t stream)
     return 0;
   } catch (const std::exception& e) {
     set_error("sim_launch", e);
+    return 1;
+  }
+}
+
+int strata_sim_capture(cudaStream_t stream, int begin)
+{
+  simulated_streams* w = world_or_error("sim_capture");
+  if (w == nullptr) return 1;
+  std::lock_guard lock(state().world_mutex);
+  try {
+    if (begin != 0) (void)w->begin_capture(cuda::stream_ref{stream});
+    else (void)w->end_capture(cuda::stream_ref{stream});
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("sim_capture", e);
     return 1;
   }
 }

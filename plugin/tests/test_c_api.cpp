@@ -898,6 +898,42 @@ TEST_CASE("C API: threads allocate and free concurrently, each on its own stream
         }) == "");
 }
 
+TEST_CASE("C API: out of memory under a capture is out of memory (std::bad_alloc), counted once, the capture intact")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), c = strata_sim_stream_create(0);
+          // Idle memory held for another stream's work, which a release would have to wait for.
+          void* held = strata_malloc(16 * MiB, 0, a);
+          strata_record_stream(held, c);
+          EXPECT(strata_sim_launch(c) == 0);
+          strata_free(held, 16 * MiB, 0, a);
+          static cudaStream_t captured = nullptr;
+          captured = c;
+          const std::pair<unsigned long long, unsigned long long> pool{1, 0};
+          strata_begin_allocate_to_pool(0, pool, [](cudaStream_t s) { return s == captured; });
+          EXPECT(strata_sim_capture(c, 1) == 0);
+          std::string kind;
+          try {
+            (void)strata_malloc_or_throw(56 * MiB, 0, c);
+            kind = "served";
+          } catch (const std::bad_alloc&) {
+            kind = "out of memory";
+          } catch (const std::exception& e) {
+            kind = std::string("other: ") + e.what();
+          }
+          EXPECT(kind == "out of memory");
+          EXPECT(stat(0, "num_ooms") == 1);
+          void* small = strata_malloc(MiB, 0, c);  // the capture goes on
+          EXPECT(small != nullptr);
+          EXPECT(strata_sim_capture(c, 0) == 0);
+          strata_end_allocate_to_pool(0, pool);
+          strata_free(small, MiB, 0, c);
+          strata_release_pool(0, pool);
+          EXPECT(strata_sim_finish(c) == 0);
+        }) == "");
+}
+
 TEST_CASE("C API: graph-pool hooks route a stream's allocations to a private pool until it is released")
 {
   CHECK(in_child([](expectations& ex) {
