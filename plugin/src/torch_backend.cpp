@@ -37,6 +37,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -133,6 +134,10 @@ struct device_view {
   /// The stack's figures as the backend's last call into it left them: a call that changes only the backend's
   /// own table (a parked block freed or revived) observes these, the stack being as it was.
   strata_device_figures last{};
+  /// The segments the trace last reported, and the stack's figures then: segment events are looked for only
+  /// when these figures move.
+  strata::plugin::segment_ledger segments;
+  std::array<std::uint64_t, 4> segment_figures{};
 };
 
 void local_raw_delete(void* ptr);
@@ -173,6 +178,7 @@ public:
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
       observe(v, static_cast<c10::DeviceIndex>(d));
+      track_segments(v, static_cast<c10::DeviceIndex>(d));
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
   }
@@ -360,6 +366,7 @@ public:
       }
     }
     observe(v, device);
+    track_segments(v, device);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
@@ -506,6 +513,7 @@ public:
     }
     history_enabled_.store(enabled, std::memory_order_release);
     when_.store(enabled ? static_cast<int>(when) : 0, std::memory_order_release);
+    if (enabled) adopt_segments();
   }
 
   void attachOutOfMemoryObserver(alloc::OutOfMemoryObserver observer) override
@@ -515,9 +523,8 @@ public:
   }
   void attachAllocatorTraceTracker(alloc::AllocatorTraceTracker tracker) override
   {
-    std::lock_guard lock(observers_mutex_);
-    trackers_.push_back(std::move(tracker));
-    has_trackers_.store(true, std::memory_order_release);
+    trackers_.attach(std::move(tracker));
+    adopt_segments();  // from now on the tracker hears of every segment strata takes or gives back
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
@@ -545,6 +552,8 @@ public:
   void free(void* ptr)
   {
     if (ptr == nullptr) return;
+    if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(trace != nullptr))
+      (*trace)->trace_gpu_memory_deallocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
     const int count = device_count_.load(std::memory_order_acquire);
     context_ptr context;
     if (when_.load(std::memory_order_acquire) == static_cast<int>(alloc::RecordContext::ALL)) context = gather();
@@ -561,6 +570,7 @@ public:
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
+      changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -621,7 +631,80 @@ private:
     return recorder != nullptr ? recorder() : nullptr;
   }
 
+  /// An allocation, told to PyTorch's sanitizer (torch.cuda._sanitizer) outside the device's lock: its hook
+  /// takes the GIL.
   void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream)
+  {
+    void* p = allocate_block(device, size, stream);
+    if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(trace != nullptr))
+      (*trace)->trace_gpu_memory_allocation(c10::kCUDA, reinterpret_cast<uintptr_t>(p));
+    return p;
+  }
+
+  /// After an allocation or free: the profiler's memory view (profile_memory=True) and the trace's segment
+  /// events. Device lock held.
+  void changed(device_view& v, c10::DeviceIndex device, void* p, std::int64_t bytes)
+  {
+    c10::reportMemoryUsageToProfiler(p, bytes, static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current),
+                                     static_cast<size_t>(v.stats.reserved_bytes[strata::plugin::pool_kind::all].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+    track_segments(v, device);
+  }
+
+  /// Reports the segments strata took or gave back since the last report, when recording and the stack's
+  /// segment figures moved. Device lock held.
+  void track_segments(device_view& v, c10::DeviceIndex device)
+  {
+    if (!recording(v)) {
+      if (v.segments.adopted()) v.segments.forget();
+      return;
+    }
+    const std::array<std::uint64_t, 4> now{v.last.reserved, v.last.chunks, v.last.device_allocs, v.last.device_frees};
+    if (v.segments.adopted() && now == v.segment_figures) return;
+    const std::optional<strata::snapshot> listing = read_listing(device);
+    if (!listing) return;
+    v.segment_figures = now;
+    if (!v.segments.adopted()) {
+      v.segments.adopt(*listing);
+      return;
+    }
+    for (const auto& c : v.segments.update(*listing))
+      record(v, device, c.action, reinterpret_cast<void*>(c.address), c.size, nullptr, {}, nullptr);
+  }
+
+  /// Every device's segments taken as they are: recording starts, and only later changes are reported.
+  void adopt_segments()
+  {
+    const int count = device_count_.load(std::memory_order_acquire);
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      device_lock lock(d);
+      strata_device_figures f{};
+      if (strata_device_figures_get(d, &f) != 0) continue;  // no stack yet: nothing held
+      if (const auto listing = read_listing(static_cast<c10::DeviceIndex>(d))) {
+        v.last = f;
+        v.segment_figures = {f.reserved, f.chunks, f.device_allocs, f.device_frees};
+        v.segments.adopt(*listing);
+      }
+    }
+  }
+
+  /// strata's listing of the device's segments; nullopt where the stack cannot list them.
+  static std::optional<strata::snapshot> read_listing(c10::DeviceIndex device)
+  {
+    const size_t need = strata_snapshot_json(device, nullptr, 0);
+    if (need == 0) return std::nullopt;
+    std::string text(need + 1, '\0');
+    if (strata_snapshot_json(device, text.data(), text.size()) != need) return std::nullopt;
+    text.resize(need);
+    try {
+      return strata::plugin::parse_snapshot_json(text);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
   {
     context_ptr context;
     if (when_.load(std::memory_order_acquire) != static_cast<int>(alloc::RecordContext::NEVER)) context = gather();
@@ -638,6 +721,7 @@ private:
         v.stats.on_allocate(size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
+        changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
     void* p = nullptr;
@@ -658,6 +742,7 @@ private:
         v.stats.on_allocate(size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
+        changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
       apply(v);  // the refusal filled v.last
@@ -676,6 +761,7 @@ private:
     v.stats.on_allocate(size, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    changed(v, device, p, static_cast<std::int64_t>(size));
     return p;
   }
 
@@ -691,6 +777,9 @@ private:
     }
     const strata_device_figures& f = v.last;
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
+    c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(size), static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current),
+                                     static_cast<size_t>(v.stats.reserved_bytes[strata::plugin::pool_kind::all].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
     // What PyTorch's observers are given: the request, the most the process may hold (the cap, else the
     // device's memory) and the device's free memory.
     v.oom_figures = {size, f.limit != SIZE_MAX ? f.limit : device_total, device_free};
@@ -726,13 +815,13 @@ private:
   /// Whether record() would keep or pass on anything: history on, or a trace tracker attached.
   bool recording(const device_view& v) const
   {
-    return v.history.enabled() || has_trackers_.load(std::memory_order_acquire);
+    return v.history.enabled() || trackers_.any();
   }
 
   void record(device_view& v, int device, strata::plugin::trace_action action, void* address, size_t size, void* stream,
               pool_id pool, const context_ptr& context)
   {
-    const bool tracked = has_trackers_.load(std::memory_order_acquire);
+    const bool tracked = trackers_.any();
     if (!v.history.enabled() && !tracked) return;
     const std::uint64_t time = now_us();
     if (v.history.enabled())
@@ -740,8 +829,7 @@ private:
     if (tracked) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
                              reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context);
-      std::lock_guard olock(observers_mutex_);
-      for (const auto& t : trackers_) t(te);
+      trackers_.call(te);
     }
   }
 
@@ -837,8 +925,7 @@ private:
   std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
   std::mutex observers_mutex_;
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
-  std::vector<alloc::AllocatorTraceTracker> trackers_;
-  std::atomic<bool> has_trackers_{false};
+  strata::plugin::tracker_list<caching::TraceEntry> trackers_;
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> opened_;
 };
