@@ -218,6 +218,8 @@ public:
         parked_bytes_ += b.size;
         ++parked_blocks_;
         parked = true;
+      } else if (p.live == 0 && p.parked.empty()) {
+        pools_.erase(b.pool);  // released earlier with this block live: its last block is gone, so is it
       }
     }
     return std::pair{std::move(b), parked};
