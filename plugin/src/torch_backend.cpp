@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -138,6 +139,17 @@ struct device_view {
   /// when these figures move.
   strata::plugin::segment_ledger segments;
   std::array<std::uint64_t, 4> segment_figures{};
+  /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
+  /// their blocks come from that allocator, one call each, and go back to it when freed.
+  std::map<pool_id, std::shared_ptr<alloc::CUDAAllocator>> foreign_pools;
+  struct foreign_block {
+    std::shared_ptr<alloc::CUDAAllocator> from;
+    size_t size;
+    cudaStream_t stream;
+    pool_id pool;
+  };
+  std::unordered_map<std::uintptr_t, foreign_block> foreign_blocks;
+  size_t foreign_bytes = 0;  ///< held and in use: counted as reserved and allocated, as PyTorch counts them
 };
 
 void local_raw_delete(void* ptr);
@@ -365,6 +377,7 @@ public:
         TORCH_CHECK(false, "strata: releasePool(", id.text(), "): ", e.what());
       }
     }
+    if (v.blocks.use_count(id) == 0) v.foreign_pools.erase(id);  // its live blocks keep their allocator
     observe(v, device);
     track_segments(v, device);
   }
@@ -376,14 +389,18 @@ public:
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::shared_ptr<alloc::CUDAAllocator> allocator) override
   {
-    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                "strata: a MemPool with an allocator of its own (", allocator ? allocator->name() : std::string(),
-                ") cannot be served while strata is PyTorch's allocator: strata serves every pool from its own stack. "
-                "Create the MemPool without an allocator");
     device_view& v = view(device);
     device_lock lock(device);
+    const pool_id id = to_pool(mempool_id);
+    const bool foreign = allocator != nullptr && allocator.get() != this;
+    if (foreign) {
+      const auto it = v.foreign_pools.find(id);
+      TORCH_CHECK(it == v.foreign_pools.end() || it->second == allocator, "strata: createOrIncrefPool: pool ", id.text(),
+                  " is served by another allocator (", it == v.foreign_pools.end() ? std::string() : it->second->name(), ")");
+    }
     try {
-      v.blocks.create_or_incref(to_pool(mempool_id));
+      v.blocks.create_or_incref(id);
+      if (foreign) v.foreign_pools.emplace(id, std::move(allocator));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: createOrIncrefPool: ", e.what());
     }
@@ -483,7 +500,11 @@ public:
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     void* p = nullptr;
     C10_CUDA_CHECK(cudaIpcOpenMemHandle(&p, raw, cudaIpcMemLazyEnablePeerAccess));
-    std::shared_ptr<void> sp(p, [device](void* q) {
+    // Closed under the IPC lock, its entry erased with it: an open of the same handle either finds the block
+    // still open or opens it after the close, never between the two (CUDA refuses a second open).
+    std::shared_ptr<void> sp(p, [this, device, handle](void* q) {
+      std::lock_guard close_lock(ipc_mutex_);
+      if (const auto it = opened_.find(handle); it != opened_.end() && it->second.expired()) opened_.erase(it);
       c10::cuda::CUDAGuard guard(device);
       (void)cudaIpcCloseMemHandle(q);
     });
@@ -560,6 +581,21 @@ public:
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
+      if (const auto f = v.foreign_blocks.find(reinterpret_cast<std::uintptr_t>(ptr)); f != v.foreign_blocks.end()) {
+        const device_view::foreign_block b = f->second;
+        v.foreign_blocks.erase(f);
+        v.foreign_bytes -= b.size;
+        v.stats.on_free(b.size, b.size);
+        apply(v);
+        if (recording(v)) {
+          record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
+          record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
+        }
+        changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
+        lock.unlock();
+        b.from->raw_delete(ptr);
+        return;
+      }
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
       if (!gone) continue;
       const auto& [b, parked] = *gone;
@@ -615,7 +651,14 @@ private:
   }
 
   /// The statistics brought to the stack's last figures and the table's parked blocks.
-  static void apply(device_view& v) { v.stats.observe(figures_of(v.last), v.blocks.parked_bytes(), v.blocks.parked_blocks()); }
+  static void apply(device_view& v)
+  {
+    strata::plugin::stack_figures f = figures_of(v.last);
+    f.reserved += v.foreign_bytes;  // MemPools' own allocators' blocks: each one a segment, wholly in use
+    f.in_use += v.foreign_bytes;
+    f.chunks += v.foreign_blocks.size();
+    v.stats.observe(f, v.blocks.parked_bytes(), v.blocks.parked_blocks());
+  }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
@@ -704,6 +747,29 @@ private:
     }
   }
 
+  /// A block of a MemPool with its own allocator: that allocator's, counted as PyTorch counts it.
+  void* allocate_foreign(device_view& v, c10::DeviceIndex device, const std::shared_ptr<alloc::CUDAAllocator>& from, pool_id pool,
+                         size_t size, cudaStream_t stream, const context_ptr& context)
+  {
+    void* p = from->raw_alloc_with_stream(size, stream);
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "strata: MemPool ", pool.text(), "'s allocator (", from->name(),
+                     ") could not allocate ", bytes_text(size));
+    device_lock lock(device);
+    try {
+      v.foreign_blocks.emplace(reinterpret_cast<std::uintptr_t>(p), device_view::foreign_block{from, size, stream, pool});
+    } catch (...) {
+      lock.unlock();
+      from->raw_delete(p);
+      throw;
+    }
+    v.foreign_bytes += size;
+    v.stats.on_allocate(size, size);
+    apply(v);
+    record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    changed(v, device, p, static_cast<std::int64_t>(size));
+    return p;
+  }
+
   void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
   {
     context_ptr context;
@@ -716,6 +782,11 @@ private:
         pool = it->pool;
         break;
       }
+    if (const auto foreign = v.foreign_pools.find(pool); foreign != v.foreign_pools.end()) {
+      const std::shared_ptr<alloc::CUDAAllocator> from = foreign->second;
+      lock.unlock();  // the pool's allocator takes its own locks, and a Python one the GIL
+      return allocate_foreign(v, device, from, pool, size, stream, context);
+    }
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
         v.stats.on_allocate(size, size);
