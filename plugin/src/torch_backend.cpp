@@ -291,7 +291,10 @@ public:
     }
     const strata_device_figures f = figures(device);
     *largestBlock = std::max(*largestBlock, f.largest_free);
-    if (f.limit != SIZE_MAX) *largestBlock = std::min(*largestBlock, f.limit - std::min(f.limit, f.allocated));
+    // Under the cap on what strata holds, a block larger than its free space needs new memory, which the cap
+    // grants only in place of idle memory given back: what is not in use.
+    if (f.limit != SIZE_MAX)
+      *largestBlock = std::min(*largestBlock, std::max(f.largest_free, f.limit - std::min(f.limit, f.in_use)));
   }
 
   void* getBaseAllocation(void* ptr, size_t* size) override { return strata_base_alloc(ptr, size); }
