@@ -166,7 +166,7 @@ private:
 /// holding it may take again: a tracker that allocates records events of its own, which reach the trackers
 /// on the same thread, while other threads wait their turn. A tracker attached during a call is called from
 /// the next event on. Models: PyTorch's list of allocator trace trackers. Cost: one recursive lock per event
-/// while any tracker is attached (a relaxed load otherwise).
+/// while any tracker is attached (one atomic load otherwise).
 template <class Event>
 class tracker_list {
 public:

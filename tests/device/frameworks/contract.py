@@ -100,6 +100,20 @@ if ALLOCATOR == "strata":
           rc == 0 and "max_split_size_mb:128 has no effect under strata" in line, f"exit {rc}: {line} {err}")
 
 
+    rc, line, err = child("cap = 1 << 30\n"
+                          "torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)\n"
+                          "live, ooms = [], 0\n"
+                          "for i in range(300):\n"
+                          "    n = ((i * 7919) % 97 + 1) << 20\n"
+                          "    try:\n        live.append(torch.empty(n, dtype=torch.uint8, device='cuda'))\n"
+                          "    except torch.OutOfMemoryError:\n        ooms += 1; live = live[len(live) // 2:]\n"
+                          "    if i % 3 == 0 and live: live.pop(0)\n"
+                          "print(torch.cuda.max_memory_reserved(), cap, ooms)", conf="stack=coalescing")
+    peak, cap, ooms = (int(v) for v in line.split()) if rc == 0 and len(line.split()) == 3 else (1, 0, 0)
+    check("stack=coalescing: set_per_process_memory_fraction caps what strata holds", peak <= cap and ooms > 0,
+          f"exit {rc}: {line} {err}")
+
+
 # ---- out of memory ----------------------------------------------------------------------------------------
 def oom_observed():
     seen = []
