@@ -98,8 +98,6 @@ if ALLOCATOR == "strata":
                           {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})
     check("PYTORCH_CUDA_ALLOC_CONF: a setting without effect under strata is warned, with the reason",
           rc == 0 and "max_split_size_mb:128 has no effect under strata" in line, f"exit {rc}: {line} {err}")
-
-
     rc, line, err = child("cap = 1 << 30\n"
                           "torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)\n"
                           "live, ooms = [], 0\n"
