@@ -28,6 +28,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -486,9 +487,16 @@ public:
 
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override
   {
-    std::lock_guard lock(ipc_mutex_);
-    if (const auto it = opened_.find(handle); it != opened_.end())
+    std::unique_lock lock(ipc_mutex_);
+    while (true) {
+      const auto it = opened_.find(handle);
+      if (it == opened_.end()) break;
       if (auto live = it->second.lock()) return live;
+      // Its last user let go and its close waits for this lock: open it again only once it is closed.
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
     cudaIpcMemHandle_t raw;
     if (handle.size() == sizeof raw) {
       std::memcpy(&raw, handle.data(), sizeof raw);  // a handle from a PyTorch before versioned handles
