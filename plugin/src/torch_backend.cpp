@@ -244,7 +244,10 @@ public:
     if (static_cast<int>(views_.size()) < device_count) {
       std::vector<std::unique_ptr<device_view>> grown;
       for (auto& v : views_) grown.push_back(std::move(v));
-      while (static_cast<int>(grown.size()) < device_count) grown.push_back(std::make_unique<device_view>());
+      while (static_cast<int>(grown.size()) < device_count) {
+        grown.push_back(std::make_unique<device_view>());
+        grown.back()->segments.adopt(strata::snapshot{});  // before its first allocation a device holds nothing
+      }
       views_ = std::move(grown);
     }
     device_count_.store(device_count, std::memory_order_release);
@@ -710,7 +713,7 @@ private:
   void track_segments(device_view& v, c10::DeviceIndex device)
   {
     if (!recording(v)) {
-      if (v.segments.adopted()) v.segments.forget();
+      if (v.segments.adopted()) v.segments.forget();  // recording again starts from adopt_segments
       return;
     }
     const std::array<std::uint64_t, 4> now{v.last.reserved, v.last.chunks, v.last.device_allocs, v.last.device_frees};
@@ -734,7 +737,10 @@ private:
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
       strata_device_figures f{};
-      if (strata_device_figures_get(d, &f) != 0) continue;  // no stack yet: nothing held
+      if (strata_device_figures_get(d, &f) != 0) {  // no stack yet: nothing held
+        v.segments.adopt(strata::snapshot{});
+        continue;
+      }
       if (const auto listing = read_listing(static_cast<c10::DeviceIndex>(d))) {
         v.last = f;
         v.segment_figures = {f.reserved, f.chunks, f.device_allocs, f.device_frees};
