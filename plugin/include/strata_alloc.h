@@ -91,6 +91,9 @@ typedef struct strata_device_figures {
 } strata_device_figures;
 /* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
 STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);
+/* A request refused as out of memory was served after all (PyTorch's use_on_oom pools): the caller saw no
+ * failure, so num_ooms stops counting it. 0: done; -1: bad device or nothing counted to take back. */
+STRATA_ALLOC_API int strata_oom_served(int device);
 /* strata_malloc_or_throw and strata_free that also fill `out` (when not null) with the device's figures as the
  * call left them, under the same lock: strata's PyTorch backend keeps memory_stats' figures from these, with no
  * second call per allocation or free. A refused allocation fills `out` before its exception leaves. */

@@ -112,7 +112,7 @@ public:
   stat_array allocation, segment, active, inactive_split;
   stat_array allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
   std::int64_t num_alloc_retries = 0;  ///< observed: the stack counts them
-  std::int64_t num_ooms = 0;           ///< observed: the stack counts them, less those served after all
+  std::int64_t num_ooms = 0;           ///< observed: the stack counts them
   std::int64_t num_sync_all_streams = 0;
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
@@ -169,15 +169,7 @@ public:
     num_device_alloc = static_cast<std::int64_t>(f.device_allocs - base_.device_allocs);
     num_device_free = static_cast<std::int64_t>(f.device_frees - base_.device_frees);
     num_alloc_retries = static_cast<std::int64_t>(f.alloc_retries - base_.alloc_retries);
-    num_ooms = static_cast<std::int64_t>(f.ooms - base_.ooms - served_ooms_);
-  }
-
-  /// A request the stack refused as out of memory was served after all (from a pool PyTorch lets serve on
-  /// out of memory): the caller saw no failure, so num_ooms does not count it.
-  void on_oom_served() noexcept
-  {
-    ++served_ooms_;
-    if (num_ooms > 0) --num_ooms;
+    num_ooms = static_cast<std::int64_t>(f.ooms - base_.ooms);
   }
 
   /// After blocks changed wholesale (a graph pool's checkpoint restored): the live figures recounted from
@@ -210,7 +202,6 @@ public:
     for (stat_array* a : arrays()) a->reset_accumulated();
     num_alloc_retries = num_ooms = num_sync_all_streams = 0;
     base_ = last_;
-    served_ooms_ = 0;
     num_device_alloc = num_device_free = 0;
   }
 
@@ -225,7 +216,6 @@ private:
   std::size_t live_blocks_ = 0;
   std::size_t live_bytes_ = 0;
   stack_figures base_{}, last_{};  ///< the counts at the last accumulated reset, and the newest
-  std::uint64_t served_ooms_ = 0;  ///< refusals served after all since the last accumulated reset
 };
 
 } // namespace strata::plugin

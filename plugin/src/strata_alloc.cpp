@@ -837,6 +837,22 @@ int strata_device_figures_get(int device, strata_device_figures* out)
   return 0;
 }
 
+int strata_oom_served(int device)
+{
+  device_slot* s = built_slot(device);
+  if (s == nullptr) {
+    set_error("oom_served", "device " + std::to_string(device) + " has no stack");
+    return -1;
+  }
+  slot_lock lock(*s);
+  if (s->stats.num_ooms == 0) {
+    set_error("oom_served", std::string("no out of memory is counted to take back"));
+    return -1;
+  }
+  --s->stats.num_ooms;
+  return 0;
+}
+
 int strata_device_lock(int device)
 {
   if (device < 0 || device >= max_devices) {

@@ -826,7 +826,7 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
-        v.stats.on_oom_served();  // the caller got its memory: not an out of memory it saw
+        if (strata_oom_served(device) == 0) --v.last.ooms;  // the caller got its memory: not an out of memory it saw
         v.stats.on_allocate(size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);

@@ -300,6 +300,27 @@ TEST_CASE("C API: out of memory is null, counted, and the process keeps working"
         }) == "");
 }
 
+TEST_CASE("C API: an out of memory served after all is taken back from num_ooms; one the caller saw stays")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          EXPECT(strata_oom_served(0) == -1);  // no stack yet
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* keep = strata_malloc(16 * MiB, 0, a);
+          EXPECT(strata_oom_served(0) == -1);  // nothing counted
+          EXPECT(mentions("no out of memory"));
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);
+          EXPECT(stat(0, "num_ooms") == 2);
+          EXPECT(strata_oom_served(0) == 0);  // the second one a use_on_oom pool served
+          EXPECT(stat(0, "num_ooms") == 1);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.ooms == 1);
+          strata_free(keep, 16 * MiB, 0, a);
+        }) == "");
+}
+
 TEST_CASE("C API: release_on_oom=false fails without the retry")
 {
   CHECK(in_child([](expectations& ex) {

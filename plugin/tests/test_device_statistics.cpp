@@ -242,27 +242,3 @@ TEST_CASE("device_statistics: releasable idle memory is not inactive split; park
   d.observe(f, 4 * MiB, 1);
   CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(10 * MiB + 4 * MiB));
 }
-
-TEST_CASE("device_statistics: an out of memory served after all is not counted; one the caller saw is")
-{
-  device_statistics d;
-  stack_figures f;
-  f.ooms = 1;  // the stack refused a request...
-  d.observe(f);
-  d.on_oom_served();  // ...which a use_on_oom pool then served
-  d.observe(f);
-  CHECK(d.num_ooms == 0);
-  f.ooms = 2;  // refused, and nothing served it: the caller saw it
-  d.observe(f);
-  CHECK(d.num_ooms == 1);
-  d.reset_accumulated();
-  CHECK(d.num_ooms == 0);
-  f.ooms = 3;
-  d.observe(f);
-  d.on_oom_served();
-  d.observe(f);
-  CHECK(d.num_ooms == 0);
-  f.ooms = 4;
-  d.observe(f);
-  CHECK(d.num_ooms == 1);
-}
