@@ -336,7 +336,8 @@ void account_free(device_slot& s, std::size_t size) noexcept
 }
 
 /// Allocates with the device's lock held. Out of memory: idle memory is released and the request retried
-/// once (release_on_oom); failing that, num_ooms counts it and the exception goes to the caller.
+/// once (release_on_oom; not while a pool is being allocated to); failing that, num_ooms counts it and the
+/// exception (std::bad_alloc) goes to the caller.
 void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
 {
   // Held blocks are given back only outside captures: querying an event during a global-mode capture is
@@ -350,20 +351,15 @@ void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
   try {
     p = s.stack->allocate(size, stream);
   } catch (const std::bad_alloc&) {
-    if (!state().conf->release_on_oom) {
+    // Releasing waits for the device (held blocks' events, then the device), which a capture forbids and may
+    // break: while a pool is being allocated to, a capture may be under way, and the request stays refused,
+    // as PyTorch's allocator frees nothing that needs a wait while its pools are being allocated to.
+    if (!state().conf->release_on_oom || s.routes > 0) {
       ++s.stats.num_ooms;
       throw;
     }
     ++s.stats.num_alloc_retries;
-    try {
-      s.stack->release();
-    } catch (const std::exception& e) {
-      // Releasing waits for the device, which a capture forbids: the request stays out of memory.
-      if (s.routes == 0) throw;
-      ++s.stats.num_ooms;
-      throw out_of_memory("strata plug-in", size, std::string("idle memory cannot be released while a stream may be captured (") +
-                                                     e.what() + ")");
-    }
+    s.stack->release();
     try {
       p = s.stack->allocate(size, stream);
     } catch (const std::bad_alloc&) {
