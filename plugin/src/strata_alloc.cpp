@@ -365,15 +365,11 @@ void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
     } catch (const std::bad_alloc&) {
       ++s.stats.num_ooms;
       throw;
-    } catch (const usage_error& e) {
-      if (s.routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
-      ++s.stats.num_ooms;  // See Note: growth refused under a capture
-      throw out_of_memory("strata plug-in", size, e.what());
     }
   } catch (const usage_error& e) {
-    // Note: growth refused under a capture. The stream layer refuses to let its policy grow under a capture
-    // when growing needs a device wait (a reclaim at the cap), nesting the policy's failure: memory is short,
-    // and PyTorch's caller expects torch.OutOfMemoryError, not a RuntimeError.
+    // The stream layer refuses to let its policy grow under a capture when growing needs a device wait (a
+    // reclaim at the cap), nesting the policy's failure: memory is short, and PyTorch's caller expects
+    // torch.OutOfMemoryError, not a RuntimeError.
     if (s.routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
     ++s.stats.num_ooms;
     throw out_of_memory("strata plug-in", size, e.what());
