@@ -67,6 +67,11 @@ STRATA_ALLOC_API long strata_share_block(void* ptr, size_t* offset, size_t* mapp
 /* ---- Configuration ------------------------------------------------------------------------------------ */
 STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */
 STRATA_ALLOC_API int strata_check_env(void);               /* parses STRATA_ALLOC_CONF now: 0 ok / nonzero + message */
+/* PyTorch's allocator settings (PYTORCH_CUDA_ALLOC_CONF's text) applied to strata: per_process_memory_fraction
+ * caps every device's stack as set_memory_fraction does. 0: applied; 1: applied, with settings that have no
+ * effect under strata described in strata_last_error() (one a line); -1: refused (nothing applied), the reason
+ * in strata_last_error(). */
+STRATA_ALLOC_API int strata_apply_torch_conf(const char* text);
 STRATA_ALLOC_API const char* strata_last_error(void);      /* this thread's last failure ("" if none); valid until its next call */
 STRATA_ALLOC_API int strata_is_in_use(void);               /* 1 once any stack was built */
 
@@ -86,15 +91,19 @@ typedef struct strata_device_figures {
   size_t held_bytes;                 /* freed blocks waiting for other streams' recorded work */
   size_t held_blocks;
   size_t allocated;                  /* the plug-in's live bytes, as requested */
-  size_t limit;                      /* bytes in use allowed (limit=, set_memory_fraction); SIZE_MAX: none */
+  size_t limit;                      /* bytes strata may hold, so in use too (limit=, set_memory_fraction); SIZE_MAX: none */
   size_t device_memory;              /* the device's total memory (sim_capacity for stack=simulated) */
   unsigned long long device_allocs;  /* physical allocations from the driver so far (page-mapped stacks; 0 otherwise) */
   unsigned long long device_frees;   /* physical releases to the driver so far (page-mapped stacks; 0 otherwise) */
   unsigned long long alloc_retries;  /* allocations retried after releasing idle memory (memory_stats' num_alloc_retries) */
   unsigned long long ooms;           /* allocations refused as out of memory (memory_stats' num_ooms) */
+  size_t releasable;                 /* idle bytes empty_cache would hand back (wholly free pages or chunks) */
 } strata_device_figures;
 /* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
 STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);
+/* A request refused as out of memory was served after all (PyTorch's use_on_oom pools): the caller saw no
+ * failure, so num_ooms stops counting it. 0: done; -1: bad device or nothing counted to take back. */
+STRATA_ALLOC_API int strata_oom_served(int device);
 /* strata_malloc_or_throw and strata_free that also fill `out` (when not null) with the device's figures as the
  * call left them, under the same lock: strata's PyTorch backend keeps memory_stats' figures from these, with no
  * second call per allocation or free. A refused allocation fills `out` before its exception leaves. */
@@ -155,6 +164,7 @@ STRATA_ALLOC_API void strata_cupy_set_stream(cudaStream_t stream);  /* this thre
 STRATA_ALLOC_API cudaStream_t strata_sim_stream_create(int device);  /* null (+ message) unless the stack is simulated */
 STRATA_ALLOC_API int strata_sim_launch(cudaStream_t stream);          /* enqueue one piece of pretend work: 0 ok */
 STRATA_ALLOC_API int strata_sim_finish(cudaStream_t stream);          /* complete the stream's work so far: 0 ok */
+STRATA_ALLOC_API int strata_sim_capture(cudaStream_t stream, int begin);  /* begin (1) or end (0) a capture: 0 ok */
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -39,7 +39,7 @@ struct conf_error : std::invalid_argument {
 
 struct alloc_conf {
   stack_kind stack = stack_kind::default_pool;
-  /// At most this share of each device's memory (limit=0.9)...
+  /// At most this share of each device's memory held from CUDA (limit=0.9)...
   std::optional<double> limit_fraction;
   /// ...or at most this many bytes per device (limit=40GiB). At most one of the two is set.
   std::optional<std::size_t> limit_bytes;
@@ -302,6 +302,94 @@ inline alloc_conf parse_alloc_conf(std::string_view text)
     throw conf_error("STRATA_ALLOC_CONF: sim_capacity=" + std::to_string(c.sim_capacity) + " is less than one page (sim_page=" +
                      std::to_string(c.sim_page) + ")");
   return c;
+}
+
+/// What PyTorch's own allocator settings (PYTORCH_CUDA_ALLOC_CONF, or PYTORCH_ALLOC_CONF) mean for strata.
+struct torch_conf_reading {
+  /// per_process_memory_fraction: the share of each device's memory strata may hold, as
+  /// set_per_process_memory_fraction caps it (with limit= as well, the smaller cap holds).
+  std::optional<double> fraction;
+  /// Settings with no effect under strata, each with the reason: the backend passes them on as warnings.
+  std::vector<std::string> notes;
+};
+
+/// Reads PyTorch's allocator settings ("key:value,key:value"; a value may be a bracketed list such as
+/// roundup_power2_divisions:[64:8,>:1]) for the stack strata serves. Every key PyTorch 2.11 knows is honoured,
+/// passed to PyTorch (its pinned host allocator's keys, which strata does not replace), noted as having no
+/// effect with the reason, or refused: conf_error naming the key and what to use instead.
+inline torch_conf_reading parse_torch_alloc_conf(std::string_view text, stack_kind stack)
+{
+  using detail_conf::trim;
+  torch_conf_reading out;
+  auto refuse = [](std::string_view key, std::string_view value, const std::string& why) -> void {
+    throw conf_error("PYTORCH_CUDA_ALLOC_CONF: " + std::string(key) + ":" + std::string(value) + ": " + why);
+  };
+  auto note = [&](std::string_view key, std::string_view value, const std::string& why) {
+    out.notes.push_back("PYTORCH_CUDA_ALLOC_CONF: " + std::string(key) + ":" + std::string(value) + " has no effect under strata: " + why);
+  };
+  auto truthy = [&](std::string_view key, std::string_view value) {
+    if (value == "True" || value == "true" || value == "1") return true;
+    if (value == "False" || value == "false" || value == "0") return false;
+    refuse(key, value, "expected True or False");
+    return false;
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    // One entry: up to the next comma outside brackets.
+    std::size_t end = i;
+    int depth = 0;
+    for (; end < text.size() && !(text[end] == ',' && depth == 0); ++end) {
+      if (text[end] == '[') ++depth;
+      else if (text[end] == ']' && --depth < 0) throw conf_error("PYTORCH_CUDA_ALLOC_CONF: an unopened ']' in '" + std::string(text) + "'");
+    }
+    if (depth != 0) throw conf_error("PYTORCH_CUDA_ALLOC_CONF: an unclosed '[' in '" + std::string(text) + "'");
+    const std::string_view entry = trim(text.substr(i, end - i));
+    i = end + 1;
+    if (entry.empty()) continue;
+    const std::size_t colon = entry.find(':');
+    if (colon == std::string_view::npos) throw conf_error("PYTORCH_CUDA_ALLOC_CONF: entry '" + std::string(entry) + "' is not key:value");
+    const std::string_view key = trim(entry.substr(0, colon));
+    const std::string_view value = trim(entry.substr(colon + 1));
+    if (key == "per_process_memory_fraction") {
+      const auto f = detail_conf::parse_double(value);
+      if (!f || !(*f > 0.0 && *f <= 1.0)) refuse(key, value, "expected a fraction in (0, 1]");
+      out.fraction = *f;
+    } else if (key == "backend") {
+      if (value != "native")
+        refuse(key, value, "strata is PyTorch's allocator backend here; use backend:native or leave the key out (or do not enable strata)");
+    } else if (key == "expandable_segments") {
+      if (truthy(key, value))
+        note(key, value, stack == stack_kind::coalescing
+                             ? "stack=coalescing holds cudaMalloc'd chunks; stack=default is strata's page-mapped stack"
+                             : "strata's page-mapped stack maps pages as the live bytes need them already");
+    } else if (key == "garbage_collection_threshold") {
+      refuse(key, value, "strata gives idle memory back by its own rule, not by age; the nearest settings are STRATA_ALLOC_CONF's "
+                         "reclaim=high_water (idle mappings go back before the pool grows past its high-water mark) and "
+                         "reclaim_slack_fraction");
+    } else if (key == "max_split_size_mb") {
+      if (stack == stack_kind::coalescing)
+        refuse(key, value, "stack=coalescing splits any free block to fit a request; it has no split-size limit (stack=default "
+                           "maps pages, where a split block's free pages go back one by one)");
+      note(key, value, "strata's page-mapped stack gives a split block's free pages back one by one, so an oversize block "
+                       "left split wastes no memory beyond its own pages");
+    } else if (key == "max_non_split_rounding_mb" || key == "roundup_power2_divisions" || key == "large_segment_size_mb") {
+      note(key, value, "strata sizes its blocks and segments by its own rules (PyTorch's rounding and segment sizes are its "
+                       "caching allocator's)");
+    } else if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc") {
+      (void)truthy(key, value);
+      note(key, value, "strata holds the device's lock only around its own bookkeeping and driver calls");
+    } else if (key == "graph_capture_record_stream_reuse") {
+      if (truthy(key, value))
+        note(key, value, "strata's graph pools keep a block freed during a capture until the pool is released");
+    } else if (key == "pinned_use_cuda_host_register" || key == "pinned_use_hip_host_register" ||
+               key == "pinned_num_register_threads" || key == "pinned_reserve_segment_size_mb" ||
+               key == "pinned_use_background_threads") {
+      // PyTorch's pinned host allocator reads these itself: strata replaces only the device allocator.
+    } else {
+      throw conf_error("PYTORCH_CUDA_ALLOC_CONF: unknown key '" + std::string(key) + "' (PyTorch 2.11 refuses it too)");
+    }
+  }
+  return out;
 }
 
 } // namespace strata::plugin

@@ -1,6 +1,7 @@
 #pragma once
 // One device's stack behind a small virtual interface, so that the C entry points serve whichever stack the
 // configuration names (and, with record=PATH, the same stack under strata's recorder).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
@@ -49,6 +50,7 @@ struct stack_reading {
   std::size_t held_blocks = 0;
   std::uint64_t page_creates = 0;   ///< physical allocations since built (zero without page mapping)
   std::uint64_t page_releases = 0;
+  std::size_t releasable = 0;       ///< idle bytes release() would hand back (free pages, wholly free chunks)
 };
 
 /// What the C entry points need of a device's stack. Not thread-safe: the plug-in holds the device's lock.
@@ -69,6 +71,10 @@ public:
   virtual void reap() noexcept = 0;
   /// Waits for every held block and every pending free, then returns idle memory (empty_cache).
   virtual void release() = 0;
+  /// Caps the bytes the stack holds from CUDA (set_per_process_memory_fraction): never above the cap it was
+  /// built with. Memory held above a lowered cap stays until its blocks are free and go back; no growth lifts
+  /// the stack over it.
+  virtual void set_reserved_cap(std::size_t bytes) noexcept = 0;
   virtual strata::usage usage() const noexcept = 0;
   virtual std::size_t held_bytes() const noexcept = 0;
   virtual std::size_t held_blocks() const noexcept = 0;
@@ -108,11 +114,11 @@ class stack_holder final : public device_stack {
 public:
   explicit stack_holder(Stack stack)
     requires(!Recorded)
-      : top_(std::move(stack))
+      : top_(std::move(stack)), built_cap_(cap_of(inner()))
   {}
   stack_holder(Stack stack, const std::string& trace_path)
     requires Recorded
-      : file_(open(trace_path)), top_(std::move(stack), *file_)
+      : file_(open(trace_path)), top_(std::move(stack), *file_), built_cap_(cap_of(inner()))
   {}
   ~stack_holder() override
   {
@@ -150,13 +156,27 @@ public:
   std::size_t held_bytes() const noexcept override { return uses_.held_bytes(); }
   std::size_t held_blocks() const noexcept override { return uses_.held_blocks(); }
 
+  void set_reserved_cap(std::size_t bytes) noexcept override
+  {
+    const std::size_t cap = std::min(bytes, built_cap_);
+    if constexpr (requires(Stack& t) { t.policy().set_max_physical(cap); }) inner().policy().set_max_physical(cap);
+    else if constexpr (requires(Stack& t) { t.policy().set_max_reserved(cap); }) inner().policy().set_max_reserved(cap);
+  }
+
   stack_reading read() const noexcept override
   {
     stack_reading r{.usage = inner().usage(), .held_bytes = uses_.held_bytes(), .held_blocks = uses_.held_blocks()};
+    if constexpr (requires { inner().policy().idle_bytes(); }) r.releasable = inner().policy().idle_bytes();
     if constexpr (requires { inner().policy().page_calls(); }) {
       const page_counters& pages = inner().policy().page_calls();
       r.page_creates = pages.creates;
       r.page_releases = pages.releases;
+    } else if constexpr (requires { inner().policy().upstream().snapshot_counts(); }) {
+      // Chunks from a counting upstream (the coalescing stack's cudaMalloc calls): every chunk taken is a
+      // driver allocation, every one given back a driver free.
+      const auto counts = inner().policy().upstream().snapshot_counts();
+      r.page_creates = counts.total_blocks;
+      r.page_releases = counts.total_blocks - counts.current_blocks;
     }
     return r;
   }
@@ -289,6 +309,14 @@ private:
     return f;
   }
 
+  /// The cap on bytes held from CUDA the stack was built with (SIZE_MAX: none, or none it can move).
+  static std::size_t cap_of(const Stack& stack) noexcept
+  {
+    if constexpr (requires { stack.policy().settings().max_physical; }) return stack.policy().settings().max_physical;
+    else if constexpr (requires { stack.policy().max_reserved(); }) return stack.policy().max_reserved();
+    else return SIZE_MAX;
+  }
+
   static constexpr bool sleeps = requires(Stack& s, std::span<const tag_id> t) { strata::pause(s, t, true); };
 
   [[noreturn]] static void no_tags()
@@ -337,6 +365,7 @@ private:
   top_type top_;
   recorded_uses<backend_type> uses_;
   std::optional<identified_stream> legacy_;
+  std::size_t built_cap_;
 };
 
 } // namespace strata::plugin

@@ -6,10 +6,12 @@
 // - allocated / requested / allocation: the blocks handed to PyTorch and not freed, counted by the backend
 //   at each allocate and free, per pool kind (small: at most 1 MiB, PyTorch's small-pool limit).
 // - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call. strata
-//   has one pool per device, not a small and a large one: these are kept in the aggregate only.
+//   has one pool per device, not a small and a large one: the small pool's reserved bytes are its live blocks,
+//   the large pool's the rest, and every segment is the large pool's, so each aggregate is the sum of its kinds.
 // - active: allocated, plus (aggregate only) blocks freed but held back for other streams' work.
-// - inactive_split: the free bytes inside strata's reserved memory (and blocks parked for CUDA graph pools),
-//   aggregate only: strata splits every chunk, so all of its free memory is PyTorch's "inactive split".
+// - inactive_split: the free bytes inside strata's reserved memory that a release would not hand back (and
+//   blocks parked for CUDA graph pools), in the large pool: idle pages and wholly free chunks are PyTorch's
+//   unsplit free segments, not "inactive split".
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -100,6 +102,7 @@ struct stack_figures {
   std::uint64_t device_frees = 0;
   std::uint64_t alloc_retries = 0;  ///< allocations retried after releasing idle memory, since built
   std::uint64_t ooms = 0;           ///< allocations refused as out of memory, since built
+  std::size_t releasable = 0;       ///< idle bytes a release would hand back (free pages, wholly free chunks)
 };
 
 /// The statistics of torch.cuda.memory_stats() for one device. Models: PyTorch's DeviceStats (same figures,
@@ -142,10 +145,22 @@ public:
   /// pools (in the stack's in_use, free in PyTorch's view).
   void observe(const stack_figures& f, std::size_t parked_bytes = 0, std::size_t parked_blocks = 0) noexcept
   {
+    // The small pool holds its live blocks; the large pool the rest of what strata holds (one pool serves
+    // both, so the split follows the blocks), and every segment. Each aggregate is the sum of its kinds.
+    const auto small_live = static_cast<std::size_t>(allocated_bytes[pool_kind::small_pool].current);
+    const std::size_t small_reserved = small_live < f.reserved ? small_live : f.reserved;
+    reserved_bytes[pool_kind::small_pool].set(small_reserved);
+    reserved_bytes[pool_kind::large_pool].set(f.reserved - small_reserved);
     reserved_bytes[pool_kind::all].set(f.reserved);
+    segment[pool_kind::large_pool].set(f.chunks);
     segment[pool_kind::all].set(f.chunks);
+    // Inactive split: free memory inside what strata holds that cannot go back as it is (empty_cache's
+    // releasable pages are not split, as PyTorch's wholly free segments are not), and parked blocks.
     const std::size_t idle = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
-    inactive_split_bytes[pool_kind::all].set(idle + parked_bytes);
+    const std::size_t split = idle - (f.releasable < idle ? f.releasable : idle);
+    inactive_split_bytes[pool_kind::large_pool].set(split + parked_bytes);
+    inactive_split_bytes[pool_kind::all].set(split + parked_bytes);
+    inactive_split[pool_kind::large_pool].set(f.free_blocks + parked_blocks);
     inactive_split[pool_kind::all].set(f.free_blocks + parked_blocks);
     // The aggregate moves once per call by the net change of live plus held, as one observed figure.
     active[pool_kind::all].set(live_blocks_ + f.held_blocks);

@@ -18,7 +18,8 @@ inline stack_figures figures_of(const strata_device_figures& f)
           .device_allocs = f.device_allocs,
           .device_frees = f.device_frees,
           .alloc_retries = f.alloc_retries,
-          .ooms = f.ooms};
+          .ooms = f.ooms,
+          .releasable = f.releasable};
 }
 
 } // namespace strata::plugin

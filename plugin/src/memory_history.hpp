@@ -3,9 +3,13 @@
 // the host tests check them: the trace of allocations and frees with where they came from (a Context, the
 // backend's stack frames), and the segments of a snapshot assembled from strata's own listing of its chunks
 // with the backend's live blocks laid over it.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,7 +61,8 @@ struct trace_record {
 template <class Context>
 class memory_history {
 public:
-  /// recordHistory. Throws std::invalid_argument (nothing changed) on an unknown skipped action name.
+  /// recordHistory: turning recording off, or `clear`, empties the trace. Throws std::invalid_argument
+  /// (nothing changed) on an unknown skipped action name.
   void configure(bool enabled, context_mode when, std::size_t max_entries, bool clear, const std::vector<std::string>& skip)
   {
     std::vector<bool> skipped(static_cast<std::size_t>(trace_action::oom) + 1, false);
@@ -66,7 +71,7 @@ public:
     when_ = enabled ? when : context_mode::never;
     max_entries_ = max_entries;
     skipped_ = std::move(skipped);
-    if (clear) trace_.clear();
+    if (clear || !enabled) trace_.clear();  // turning recording off drops the trace, as PyTorch's does
     trim();
   }
 
@@ -99,6 +104,93 @@ private:
   std::size_t max_entries_ = 0;
   std::vector<bool> skipped_ = std::vector<bool>(static_cast<std::size_t>(trace_action::oom) + 1, false);
   std::deque<trace_record<Context>> trace_;
+};
+
+/// The segments strata holds, as last told to the trace: each change becomes PyTorch's SEGMENT_ALLOC or
+/// SEGMENT_FREE event (PyTorch's NCCL registration hook registers and deregisters memory by them). A segment
+/// whose size changed at the same address is freed and taken again. Models: the segment events of PyTorch's
+/// trace. Cost: O(segments log segments) per update, which the backend makes only while recording and only
+/// when the stack's segment figures moved; no lock (the backend holds the device's), no CUDA call.
+class segment_ledger {
+public:
+  struct change {
+    trace_action action{};  ///< segment_alloc or segment_free
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    bool operator==(const change&) const = default;
+  };
+
+  bool adopted() const noexcept { return adopted_; }
+  /// Takes the segments as they are without reporting them (recording starts: PyTorch's trace reports only
+  /// changes from then on).
+  void adopt(const snapshot& now)
+  {
+    std::map<std::uintptr_t, std::size_t> next;
+    for (const segment_info& seg : now.segments) next.emplace(seg.address, seg.size);
+    known_ = std::move(next);
+    adopted_ = true;
+  }
+  /// Forgets the segments (recording stops).
+  void forget() noexcept
+  {
+    known_.clear();
+    adopted_ = false;
+  }
+  /// The changes from the segments last known to `now`: every free first, in address order, then every
+  /// allocation (an address freed and taken again is freed before it is taken).
+  std::vector<change> update(const snapshot& now)
+  {
+    std::map<std::uintptr_t, std::size_t> next;
+    for (const segment_info& seg : now.segments) next.emplace(seg.address, seg.size);
+    std::vector<change> out;
+    for (const auto& [a, n] : known_) {
+      const auto it = next.find(a);
+      if (it == next.end() || it->second != n) out.push_back({trace_action::segment_free, a, n});
+    }
+    for (const auto& [a, n] : next) {
+      const auto it = known_.find(a);
+      if (it == known_.end() || it->second != n) out.push_back({trace_action::segment_alloc, a, n});
+    }
+    known_ = std::move(next);
+    adopted_ = true;
+    return out;
+  }
+  const std::map<std::uintptr_t, std::size_t>& known() const noexcept { return known_; }
+
+private:
+  std::map<std::uintptr_t, std::size_t> known_;
+  bool adopted_ = false;
+};
+
+/// Trace trackers (attachAllocatorTraceTracker), each called with every event under one lock that the thread
+/// holding it may take again: a tracker that allocates records events of its own, which reach the trackers
+/// on the same thread, while other threads wait their turn. A tracker attached during a call is called from
+/// the next event on. Models: PyTorch's list of allocator trace trackers. Cost: one recursive lock per event
+/// while any tracker is attached (one atomic load otherwise).
+template <class Event>
+class tracker_list {
+public:
+  using tracker = std::function<void(const Event&)>;
+
+  void attach(tracker t)
+  {
+    std::lock_guard lock(mutex_);
+    trackers_.push_back(std::move(t));
+    any_.store(true, std::memory_order_release);
+  }
+  bool any() const noexcept { return any_.load(std::memory_order_acquire); }
+  void call(const Event& e)
+  {
+    std::lock_guard lock(mutex_);
+    // By index over a deque: a tracker attached inside a call neither moves the one running nor joins this call.
+    const std::size_t n = trackers_.size();
+    for (std::size_t i = 0; i < n; ++i) trackers_[i](e);
+  }
+
+private:
+  std::recursive_mutex mutex_;
+  std::deque<tracker> trackers_;
+  std::atomic<bool> any_{false};
 };
 
 /// A block of a snapshot segment, as PyTorch's BlockInfo has it.

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include <strata/default_pool.hpp>
 #include <strata/sleep/tag_scope.hpp>
+#include <strata/adaptor/statistics.hpp>
 #include <strata/policy/coalescing_pool.hpp>
 #include <strata/source/device_source.hpp>
 
@@ -94,7 +96,7 @@ struct device_slot {
   std::unique_ptr<device_stack> stack;
   bool simulated = false;
   void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
-  std::size_t cap = SIZE_MAX;       ///< bytes in use allowed (limit=, set_memory_fraction)
+  std::size_t cap = SIZE_MAX;       ///< bytes the stack may hold from CUDA, so in use too (limit=, set_memory_fraction)
   std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
   std::size_t device_memory = 0;
   device_stats stats;
@@ -115,6 +117,8 @@ struct plugin_state {
   std::mutex world_mutex;  ///< the simulated devices' one lock
   std::unique_ptr<simulated_streams> world;
   std::atomic<bool> atexit_registered{false};
+  /// PyTorch's per_process_memory_fraction (strata_apply_torch_conf): each stack starts under it.
+  std::optional<double> torch_fraction;
 };
 
 /// A device slot's lock for one entry point: none inside a section its thread holds (strata_device_lock),
@@ -268,16 +272,28 @@ void build_cuda(device_slot& s, const alloc_conf& c, int device)
     s.stack = hold(make_default_pool(o), c, device);
   } else {
     strata::detail::scoped_device on(device);
-    using coalescing_stack = stream_ordered<coalescing_pool<device_source>>;
-    coalescing_pool<device_source>::options chunks{};
+    // The chunks come through a counter: memory_stats' num_device_alloc and num_device_free are its counts.
+    using chunk_source = statistics<device_source>;
+    using coalescing_stack = stream_ordered<coalescing_pool<chunk_source>>;
+    coalescing_pool<chunk_source>::options chunks{};
     chunks.return_free_chunks = c.return_free_chunks;
-    s.stack = hold(coalescing_stack{coalescing_pool<device_source>{device_source{device}, chunks}, stream_options<coalescing_stack>(c)}, c, device);
+    chunks.max_reserved = s.cap;
+    s.stack = hold(coalescing_stack{coalescing_pool<chunk_source>{chunk_source{device_source{device}}, chunks}, stream_options<coalescing_stack>(c)}, c, device);
   }
   strata::detail::scoped_device on(device);
   s.context = strata::detail::current_context();
 }
 
 void flush_all_traces() noexcept;
+
+/// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
+/// follows it. The slot's lock held (or the slot not yet published).
+void apply_fraction(device_slot& s, double fraction) noexcept
+{
+  const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
+  s.cap = std::min(wanted, s.pool_cap);
+  s.stack->set_reserved_cap(s.cap);  // the fraction caps what strata holds, as limit= does
+}
 
 /// The device's slot with its stack built (first use: from the configuration). Throws what refused it.
 device_slot& slot_for(int device)
@@ -296,6 +312,7 @@ device_slot& slot_for(int device)
   } else {
     build_cuda(s, c, device);
   }
+  if (st.torch_fraction) apply_fraction(s, *st.torch_fraction);
   if (!c.record.empty() && !st.atexit_registered.exchange(true)) std::atexit(flush_all_traces);
   st.in_use.store(true, std::memory_order_release);
   s.built.store(true, std::memory_order_release);
@@ -336,7 +353,8 @@ void account_free(device_slot& s, std::size_t size) noexcept
 }
 
 /// Allocates with the device's lock held. Out of memory: idle memory is released and the request retried
-/// once (release_on_oom); failing that, num_ooms counts it and the exception goes to the caller.
+/// once (release_on_oom; not while a pool is being allocated to); failing that, num_ooms counts it and the
+/// exception (std::bad_alloc) goes to the caller.
 void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
 {
   // Held blocks are given back only outside captures: querying an event during a global-mode capture is
@@ -350,18 +368,28 @@ void* allocate_locked(device_slot& s, std::size_t size, cudaStream_t stream)
   try {
     p = s.stack->allocate(size, stream);
   } catch (const std::bad_alloc&) {
-    if (!state().conf->release_on_oom) {
+    // Releasing waits for the device (held blocks' events, then the device), which a capture forbids and may
+    // break: while a pool is being allocated to, a capture may be under way, and the request stays refused,
+    // as PyTorch's allocator frees nothing that needs a wait while its pools are being allocated to.
+    if (!state().conf->release_on_oom || s.routes > 0) {
       ++s.stats.num_ooms;
       throw;
     }
     ++s.stats.num_alloc_retries;
+    s.stack->release();
     try {
-      s.stack->release();
       p = s.stack->allocate(size, stream);
     } catch (const std::bad_alloc&) {
       ++s.stats.num_ooms;
       throw;
     }
+  } catch (const usage_error& e) {
+    // The stream layer refuses to let its policy grow under a capture when growing needs a device wait (a
+    // reclaim at the cap), nesting the policy's failure: memory is short, and PyTorch's caller expects
+    // torch.OutOfMemoryError, not a RuntimeError.
+    if (s.routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
+    ++s.stats.num_ooms;
+    throw out_of_memory("strata plug-in", size, e.what());
   }
   account_alloc(s, size);
   return p;
@@ -400,6 +428,7 @@ void fill_figures(const device_slot& s, const stack_reading& r, strata_device_fi
   out->device_memory = s.device_memory;
   out->device_allocs = r.page_creates;
   out->device_frees = r.page_releases;
+  out->releasable = r.releasable;
   out->alloc_retries = s.stats.num_alloc_retries;
   out->ooms = s.stats.num_ooms;
 }
@@ -671,7 +700,7 @@ void strata_set_memory_fraction(double fraction, int device)
     device_slot& s = slot_for(device);
     slot_lock lock(s);
     const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
-    s.cap = std::min(wanted, s.pool_cap);
+    apply_fraction(s, fraction);
     if (wanted > s.pool_cap)
       set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
                                            std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
@@ -766,6 +795,33 @@ int strata_configure(const char* conf)
   }
 }
 
+int strata_apply_torch_conf(const char* text)
+{
+  plugin_state& st = state();
+  try {
+    torch_conf_reading r;
+    {
+      std::lock_guard lock(st.config_mutex);
+      r = parse_torch_alloc_conf(text != nullptr ? text : "", conf_locked(st).stack);
+      if (r.fraction) st.torch_fraction = r.fraction;
+    }
+    if (r.fraction)
+      for (int d = 0; d < max_devices; ++d)
+        if (device_slot* s = built_slot(d)) {
+          slot_lock lock(*s);
+          apply_fraction(*s, *r.fraction);
+        }
+    if (r.notes.empty()) return 0;
+    std::string joined;
+    for (const std::string& n : r.notes) joined += (joined.empty() ? "" : "\n") + n;
+    set_error("", joined);
+    return 1;
+  } catch (const std::exception& e) {
+    set_error("", e.what());
+    return -1;
+  }
+}
+
 int strata_check_env(void)
 {
   try {
@@ -846,6 +902,22 @@ int strata_device_figures_get(int device, strata_device_figures* out)
   if (s == nullptr) return 1;
   slot_lock lock(*s);
   fill_figures(*s, out);
+  return 0;
+}
+
+int strata_oom_served(int device)
+{
+  device_slot* s = built_slot(device);
+  if (s == nullptr) {
+    set_error("oom_served", "device " + std::to_string(device) + " has no stack");
+    return -1;
+  }
+  slot_lock lock(*s);
+  if (s->stats.num_ooms == 0) {
+    set_error("oom_served", std::string("no out of memory is counted to take back"));
+    return -1;
+  }
+  --s->stats.num_ooms;
   return 0;
 }
 
@@ -1085,6 +1157,21 @@ int strata_sim_launch(cudaStream_t stream)
     return 0;
   } catch (const std::exception& e) {
     set_error("sim_launch", e);
+    return 1;
+  }
+}
+
+int strata_sim_capture(cudaStream_t stream, int begin)
+{
+  simulated_streams* w = world_or_error("sim_capture");
+  if (w == nullptr) return 1;
+  std::lock_guard lock(state().world_mutex);
+  try {
+    if (begin != 0) (void)w->begin_capture(cuda::stream_ref{stream});
+    else (void)w->end_capture(cuda::stream_ref{stream});
+    return 0;
+  } catch (const std::exception& e) {
+    set_error("sim_capture", e);
     return 1;
   }
 }

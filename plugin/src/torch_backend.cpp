@@ -23,8 +23,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -42,6 +45,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -146,10 +150,25 @@ struct device_view {
   strata::plugin::pool_waits<strata::cuda_events> waits;  ///< parked blocks waiting on their recorded streams
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
-  std::array<std::size_t, 3> oom_figures{};  ///< allocated, device total, device free at the last out of memory
+  std::array<std::size_t, 3> oom_figures{};  ///< the request, the most allowed, the device's free bytes at the last out of memory
   /// The stack's figures as the backend's last call into it left them: a call that changes only the backend's
   /// own table (a parked block freed or revived) observes these, the stack being as it was.
   strata_device_figures last{};
+  /// The segments the trace last reported, and the stack's figures then: segment events are looked for only
+  /// when these figures move.
+  strata::plugin::segment_ledger segments;
+  std::array<std::uint64_t, 4> segment_figures{};
+  /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
+  /// their blocks come from that allocator, one call each, and go back to it when freed.
+  std::map<pool_id, std::shared_ptr<alloc::CUDAAllocator>> foreign_pools;
+  struct foreign_block {
+    std::shared_ptr<alloc::CUDAAllocator> from;
+    size_t size;
+    cudaStream_t stream;
+    pool_id pool;
+  };
+  std::unordered_map<std::uintptr_t, foreign_block> foreign_blocks;
+  size_t foreign_bytes = 0;  ///< held and in use: counted as reserved and allocated, as PyTorch counts them
 };
 
 void local_raw_delete(void* ptr);
@@ -215,6 +234,7 @@ public:
       strata_report_error("");  // the thread's last message may be an older call's
       if (strata_reset_device(d) != 0 && failure.empty()) failure = strata_last_error();
       observe(v, static_cast<c10::DeviceIndex>(d));
+      track_segments(v, static_cast<c10::DeviceIndex>(d));
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
   }
@@ -267,11 +287,15 @@ public:
     if (static_cast<int>(views_.size()) < device_count) {
       std::vector<std::unique_ptr<device_view>> grown;
       for (auto& v : views_) grown.push_back(std::move(v));
-      while (static_cast<int>(grown.size()) < device_count) grown.push_back(std::make_unique<device_view>(static_cast<int>(grown.size())));
+      while (static_cast<int>(grown.size()) < device_count) {
+        grown.push_back(std::make_unique<device_view>(static_cast<int>(grown.size())));
+        grown.back()->segments.adopt(strata::snapshot{});  // before its first allocation a device holds nothing
+      }
       views_ = std::move(grown);
     }
     device_count_.store(device_count, std::memory_order_release);
     initialized_.store(true, std::memory_order_release);
+    apply_torch_conf();
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override
@@ -314,7 +338,10 @@ public:
     }
     const strata_device_figures f = figures(device);
     *largestBlock = std::max(*largestBlock, f.largest_free);
-    if (f.limit != SIZE_MAX) *largestBlock = std::min(*largestBlock, f.limit - std::min(f.limit, f.allocated));
+    // Under the cap on what strata holds, a block larger than its free space needs new memory, which the cap
+    // grants only in place of idle memory given back: what is not in use.
+    if (f.limit != SIZE_MAX)
+      *largestBlock = std::min(*largestBlock, std::max(f.largest_free, f.limit - std::min(f.limit, f.in_use)));
   }
 
   void* getBaseAllocation(void* ptr, size_t* size) override { return strata_base_alloc(ptr, size); }
@@ -404,7 +431,9 @@ public:
         TORCH_CHECK(false, "strata: releasePool(", id.text(), "): ", e.what());
       }
     }
+    if (v.blocks.use_count(id) == 0) v.foreign_pools.erase(id);  // its live blocks keep their allocator
     observe(v, device);
+    track_segments(v, device);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
@@ -414,14 +443,18 @@ public:
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, std::shared_ptr<alloc::CUDAAllocator> allocator) override
   {
-    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                "strata: a MemPool with an allocator of its own (", allocator ? allocator->name() : std::string(),
-                ") cannot be served while strata is PyTorch's allocator: strata serves every pool from its own stack. "
-                "Create the MemPool without an allocator");
     device_view& v = view(device);
     device_lock lock(device);
+    const pool_id id = to_pool(mempool_id);
+    const bool foreign = allocator != nullptr && allocator.get() != this;
+    if (foreign) {
+      const auto it = v.foreign_pools.find(id);
+      TORCH_CHECK(it == v.foreign_pools.end() || it->second == allocator, "strata: createOrIncrefPool: pool ", id.text(),
+                  " is served by another allocator (", it == v.foreign_pools.end() ? std::string() : it->second->name(), ")");
+    }
     try {
-      v.blocks.create_or_incref(to_pool(mempool_id));
+      v.blocks.create_or_incref(id);
+      if (foreign) v.foreign_pools.emplace(id, std::move(allocator));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: createOrIncrefPool: ", e.what());
     }
@@ -586,6 +619,7 @@ public:
     }
     history_enabled_.store(enabled, std::memory_order_release);
     when_.store(enabled ? static_cast<int>(when) : 0, std::memory_order_release);
+    if (enabled) adopt_segments();
   }
 
   void attachOutOfMemoryObserver(alloc::OutOfMemoryObserver observer) override
@@ -595,9 +629,8 @@ public:
   }
   void attachAllocatorTraceTracker(alloc::AllocatorTraceTracker tracker) override
   {
-    std::lock_guard lock(observers_mutex_);
-    trackers_.push_back(std::move(tracker));
-    has_trackers_.store(true, std::memory_order_release);
+    trackers_.attach(std::move(tracker));
+    adopt_segments();  // from now on the tracker hears of every segment strata takes or gives back
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
@@ -625,12 +658,29 @@ public:
   void free(void* ptr)
   {
     if (ptr == nullptr) return;
+    if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(trace != nullptr))
+      (*trace)->trace_gpu_memory_deallocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
     const int count = device_count_.load(std::memory_order_acquire);
     context_ptr context;
     if (when_.load(std::memory_order_acquire) == static_cast<int>(alloc::RecordContext::ALL)) context = gather();
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
+      if (const auto f = v.foreign_blocks.find(reinterpret_cast<std::uintptr_t>(ptr)); f != v.foreign_blocks.end()) {
+        const device_view::foreign_block b = f->second;
+        v.foreign_blocks.erase(f);
+        v.foreign_bytes -= b.size;
+        v.stats.on_free(b.size, b.size);
+        apply(v);
+        if (recording(v)) {
+          record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
+          record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
+        }
+        changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
+        lock.unlock();
+        b.from->raw_delete(ptr);
+        return;
+      }
       const bool defer = !v.routes.empty();  // see block_table.hpp's Note on stream-ordered reuse
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
@@ -644,6 +694,7 @@ public:
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
+      changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -756,6 +807,18 @@ private:
     return freed;
   }
 
+  /// PyTorch's allocator settings, read where PyTorch reads them: honoured, said to have no effect (a warning
+  /// each), or refused (CUDA's initialization fails with the reason).
+  static void apply_torch_conf()
+  {
+    const char* text = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    if (text == nullptr) text = std::getenv("PYTORCH_ALLOC_CONF");
+    if (text == nullptr) return;
+    const int status = strata_apply_torch_conf(text);
+    TORCH_CHECK(status >= 0, "strata: ", strata_last_error());
+    if (status == 1) TORCH_WARN("strata: ", strata_last_error());
+  }
+
   device_view& view(c10::DeviceIndex device)
   {
     const int count = device_count_.load(std::memory_order_acquire);
@@ -782,7 +845,14 @@ private:
   }
 
   /// The statistics brought to the stack's last figures and the table's parked blocks.
-  static void apply(device_view& v) { v.stats.observe(figures_of(v.last), v.blocks.parked_bytes(), v.blocks.parked_blocks()); }
+  static void apply(device_view& v)
+  {
+    strata::plugin::stack_figures f = figures_of(v.last);
+    f.reserved += v.foreign_bytes;  // MemPools' own allocators' blocks: each one a segment, wholly in use
+    f.in_use += v.foreign_bytes;
+    f.chunks += v.foreign_blocks.size();
+    v.stats.observe(f, v.blocks.parked_bytes(), v.blocks.parked_blocks());
+  }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
@@ -829,7 +899,106 @@ private:
     return recorder != nullptr ? recorder() : nullptr;
   }
 
+  /// An allocation, told to PyTorch's sanitizer (torch.cuda._sanitizer) outside the device's lock: its hook
+  /// takes the GIL.
   void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream)
+  {
+    void* p = allocate_block(device, size, stream);
+    if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(trace != nullptr))
+      (*trace)->trace_gpu_memory_allocation(c10::kCUDA, reinterpret_cast<uintptr_t>(p));
+    return p;
+  }
+
+  /// After an allocation or free: the profiler's memory view (profile_memory=True) and the trace's segment
+  /// events. Device lock held.
+  void changed(device_view& v, c10::DeviceIndex device, void* p, std::int64_t bytes)
+  {
+    c10::reportMemoryUsageToProfiler(p, bytes, static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current),
+                                     static_cast<size_t>(v.stats.reserved_bytes[strata::plugin::pool_kind::all].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+    track_segments(v, device);
+  }
+
+  /// Reports the segments strata took or gave back since the last report, when recording and the stack's
+  /// segment figures moved. Device lock held.
+  void track_segments(device_view& v, c10::DeviceIndex device)
+  {
+    if (!recording(v)) {
+      if (v.segments.adopted()) v.segments.forget();  // recording again starts from adopt_segments
+      return;
+    }
+    const std::array<std::uint64_t, 4> now{v.last.reserved, v.last.chunks, v.last.device_allocs, v.last.device_frees};
+    if (v.segments.adopted() && now == v.segment_figures) return;
+    const std::optional<strata::snapshot> listing = read_listing(device);
+    if (!listing) return;
+    v.segment_figures = now;
+    if (!v.segments.adopted()) {
+      v.segments.adopt(*listing);
+      return;
+    }
+    for (const auto& c : v.segments.update(*listing))
+      record(v, device, c.action, reinterpret_cast<void*>(c.address), c.size, nullptr, {}, nullptr);
+  }
+
+  /// Every device's segments taken as they are: recording starts, and only later changes are reported.
+  void adopt_segments()
+  {
+    const int count = device_count_.load(std::memory_order_acquire);
+    for (int d = 0; d < count; ++d) {
+      device_view& v = *views_[static_cast<std::size_t>(d)];
+      device_lock lock(d);
+      strata_device_figures f{};
+      if (strata_device_figures_get(d, &f) != 0) {  // no stack yet: nothing held
+        v.segments.adopt(strata::snapshot{});
+        continue;
+      }
+      if (const auto listing = read_listing(static_cast<c10::DeviceIndex>(d))) {
+        v.last = f;
+        v.segment_figures = {f.reserved, f.chunks, f.device_allocs, f.device_frees};
+        v.segments.adopt(*listing);
+      }
+    }
+  }
+
+  /// strata's listing of the device's segments; nullopt where the stack cannot list them.
+  static std::optional<strata::snapshot> read_listing(c10::DeviceIndex device)
+  {
+    const size_t need = strata_snapshot_json(device, nullptr, 0);
+    if (need == 0) return std::nullopt;
+    std::string text(need + 1, '\0');
+    if (strata_snapshot_json(device, text.data(), text.size()) != need) return std::nullopt;
+    text.resize(need);
+    try {
+      return strata::plugin::parse_snapshot_json(text);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  /// A block of a MemPool with its own allocator: that allocator's, counted as PyTorch counts it.
+  void* allocate_foreign(device_view& v, c10::DeviceIndex device, const std::shared_ptr<alloc::CUDAAllocator>& from, pool_id pool,
+                         size_t size, cudaStream_t stream, const context_ptr& context)
+  {
+    void* p = from->raw_alloc_with_stream(size, stream);
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "strata: MemPool ", pool.text(), "'s allocator (", from->name(),
+                     ") could not allocate ", bytes_text(size));
+    device_lock lock(device);
+    try {
+      v.foreign_blocks.emplace(reinterpret_cast<std::uintptr_t>(p), device_view::foreign_block{from, size, stream, pool});
+    } catch (...) {
+      lock.unlock();
+      from->raw_delete(p);
+      throw;
+    }
+    v.foreign_bytes += size;
+    v.stats.on_allocate(size, size);
+    apply(v);
+    record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    changed(v, device, p, static_cast<std::int64_t>(size));
+    return p;
+  }
+
+  void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
   {
     context_ptr context;
     if (when_.load(std::memory_order_acquire) != static_cast<int>(alloc::RecordContext::NEVER)) context = gather();
@@ -841,12 +1010,18 @@ private:
         pool = it->pool;
         break;
       }
+    if (const auto foreign = v.foreign_pools.find(pool); foreign != v.foreign_pools.end()) {
+      const std::shared_ptr<alloc::CUDAAllocator> from = foreign->second;
+      lock.unlock();  // the pool's allocator takes its own locks, and a Python one the GIL
+      return allocate_foreign(v, device, from, pool, size, stream, context);
+    }
     if (v.routes.empty()) settle_waits(v);
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
         v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be a little larger
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
+        changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
     void* p = nullptr;
@@ -874,9 +1049,11 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
+        if (strata_oom_served(device) == 0) --v.last.ooms;  // the caller got its memory: not an out of memory it saw
         v.stats.on_allocate(v.blocks.find(*revived)->size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
+        changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
       apply(v);  // the refusal filled v.last
@@ -895,6 +1072,7 @@ private:
     v.stats.on_allocate(size, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    changed(v, device, p, static_cast<std::int64_t>(size));
     return p;
   }
 
@@ -910,10 +1088,16 @@ private:
     }
     const strata_device_figures& f = v.last;
     record(v, device, strata::plugin::trace_action::oom, reinterpret_cast<void*>(device_free), size, stream, {}, nullptr);
-    v.oom_figures = {static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current), device_total, device_free};
+    c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(size), static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current),
+                                     static_cast<size_t>(v.stats.reserved_bytes[strata::plugin::pool_kind::all].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+    // What PyTorch's observers are given: the request, the most the process may hold (the cap, else the
+    // device's memory) and the device's free memory.
+    v.oom_figures = {size, f.limit != SIZE_MAX ? f.limit : device_total, device_free};
+    const auto allocated = static_cast<size_t>(v.stats.allocated_bytes[strata::plugin::pool_kind::all].current);
     std::string m = "CUDA out of memory. Tried to allocate " + bytes_text(size) + ". GPU " + std::to_string(device) +
                     " has a total capacity of " + bytes_text(device_total) + " of which " + bytes_text(device_free) +
-                    " is free. Of the allocated memory " + bytes_text(v.oom_figures[0]) + " is allocated by PyTorch, and " +
+                    " is free. Of the allocated memory " + bytes_text(allocated) + " is allocated by PyTorch, and " +
                     bytes_text(f.reserved - std::min(f.reserved, f.in_use)) + " is reserved by strata but unallocated. " +
                     "strata holds " + bytes_text(f.reserved) + " (largest free block " + bytes_text(f.largest_free) + ", " +
                     bytes_text(f.held_bytes) + " held for other streams";
@@ -942,13 +1126,13 @@ private:
   /// Whether record() would keep or pass on anything: history on, or a trace tracker attached.
   bool recording(const device_view& v) const
   {
-    return v.history.enabled() || has_trackers_.load(std::memory_order_acquire);
+    return v.history.enabled() || trackers_.any();
   }
 
   void record(device_view& v, int device, strata::plugin::trace_action action, void* address, size_t size, void* stream,
               pool_id pool, const context_ptr& context)
   {
-    const bool tracked = has_trackers_.load(std::memory_order_acquire);
+    const bool tracked = trackers_.any();
     if (!v.history.enabled() && !tracked) return;
     const std::uint64_t time = now_us();
     if (v.history.enabled())
@@ -956,8 +1140,7 @@ private:
     if (tracked) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
                              reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context);
-      std::lock_guard olock(observers_mutex_);
-      for (const auto& t : trackers_) t(te);
+      trackers_.call(te);
     }
   }
 
@@ -1053,8 +1236,7 @@ private:
   std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
   std::mutex observers_mutex_;
   std::vector<alloc::OutOfMemoryObserver> oom_observers_;
-  std::vector<alloc::AllocatorTraceTracker> trackers_;
-  std::atomic<bool> has_trackers_{false};
+  strata::plugin::tracker_list<caching::TraceEntry> trackers_;
   std::mutex ipc_mutex_;  ///< guards exports_, opened_ and the opening and closing of cudaMalloc handles
   strata::plugin::export_ledger exports_;
   std::atomic<std::size_t> exported_{0};  ///< exports_' size, read by every free without the lock

@@ -251,3 +251,63 @@ TEST_CASE("alloc_conf: the share keys reclaim_slack_fraction and reclaim_headroo
     }
   }
 }
+
+namespace {
+
+/// The message of the conf_error that reading PyTorch's `text` throws ("" when it reads).
+std::string torch_refusal(const std::string& text, stack_kind stack = stack_kind::default_pool)
+{
+  try {
+    (void)parse_torch_alloc_conf(text, stack);
+  } catch (const conf_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("PyTorch's allocator settings: the fraction is honoured, bracketed lists read, empty text is nothing")
+{
+  CHECK(parse_torch_alloc_conf("", stack_kind::default_pool).notes.empty());
+  CHECK(!parse_torch_alloc_conf("", stack_kind::default_pool).fraction);
+  const auto r = parse_torch_alloc_conf("per_process_memory_fraction:0.25, pinned_num_register_threads:8", stack_kind::default_pool);
+  REQUIRE(r.fraction);
+  CHECK(*r.fraction == doctest::Approx(0.25));
+  CHECK(r.notes.empty());  // the pinned host allocator stays PyTorch's: its keys take effect there
+  const auto lists = parse_torch_alloc_conf("roundup_power2_divisions:[64:8,256:4,>:1],expandable_segments:False", stack_kind::default_pool);
+  REQUIRE(lists.notes.size() == 1);
+  CHECK(lists.notes[0].find("roundup_power2_divisions:[64:8,256:4,>:1] has no effect under strata") != std::string::npos);
+  CHECK(parse_torch_alloc_conf("backend:native", stack_kind::default_pool).notes.empty());
+}
+
+TEST_CASE("PyTorch's allocator settings: keys without effect are noted with the reason, never dropped silently")
+{
+  const auto r = parse_torch_alloc_conf("expandable_segments:True,max_split_size_mb:128,release_lock_on_cudamalloc:true,"
+                                        "graph_capture_record_stream_reuse:True,large_segment_size_mb:64,max_non_split_rounding_mb:32",
+                                        stack_kind::default_pool);
+  REQUIRE(r.notes.size() == 6);
+  const char* keys[] = {"expandable_segments", "max_split_size_mb", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse",
+                        "large_segment_size_mb", "max_non_split_rounding_mb"};
+  for (std::size_t i = 0; i < 6; ++i) {
+    CHECK(r.notes[i].find(std::string("PYTORCH_CUDA_ALLOC_CONF: ") + keys[i]) == 0);
+    CHECK(r.notes[i].find("has no effect under strata: ") != std::string::npos);
+  }
+  CHECK(parse_torch_alloc_conf("expandable_segments:True", stack_kind::coalescing).notes.at(0).find("cudaMalloc'd") != std::string::npos);
+}
+
+TEST_CASE("PyTorch's allocator settings: what strata cannot honour is refused, naming the key and what to use")
+{
+  CHECK(torch_refusal("garbage_collection_threshold:0.6").find("PYTORCH_CUDA_ALLOC_CONF: garbage_collection_threshold:0.6: strata gives idle memory back") == 0);
+  CHECK(torch_refusal("garbage_collection_threshold:0.6").find("reclaim=high_water") != std::string::npos);
+  CHECK(torch_refusal("max_split_size_mb:128", stack_kind::coalescing).find("max_split_size_mb:128") != std::string::npos);
+  CHECK(torch_refusal("backend:cudaMallocAsync").find("backend:cudaMallocAsync") != std::string::npos);
+  CHECK(torch_refusal("per_process_memory_fraction:1.5").find("expected a fraction in (0, 1]") != std::string::npos);
+  CHECK(torch_refusal("per_process_memory_fraction:0").find("expected a fraction") != std::string::npos);
+  CHECK(torch_refusal("expandable_segments:maybe").find("expected True or False") != std::string::npos);
+  CHECK(torch_refusal("no_such_key:1").find("unknown key 'no_such_key'") != std::string::npos);
+  CHECK(torch_refusal("max_split_size_mb").find("is not key:value") != std::string::npos);
+  CHECK(torch_refusal("roundup_power2_divisions:[64:8").find("unclosed '['") != std::string::npos);
+  CHECK(torch_refusal("roundup_power2_divisions:64]").find("unopened ']'") != std::string::npos);
+  CHECK(torch_refusal("max_split_size_mb:128,per_process_memory_fraction:0.5").empty());
+}

@@ -94,6 +94,31 @@ TEST_CASE("block_table: a block freed in a live pool is parked, revived by size,
   const auto late = t.erase(0x3000);
   REQUIRE(late);
   CHECK(!late->parked);  // the pool is released: straight back to strata
+  CHECK(!t.known(graph));  // and with its last block gone, the pool is forgotten
+  CHECK(t.use_count(graph) == 0);
+}
+
+TEST_CASE("block_table: pools released with live blocks are forgotten when their last block goes, not before")
+{
+  table t;
+  std::mt19937 rng(3);
+  int forgotten = 0;
+  for (int round = 0; round < 200; ++round) {
+    const pool_id p{static_cast<unsigned long long>(round + 1), 0};
+    t.create_or_incref(p);
+    const int n = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < n; ++k) t.insert(0x100000u * static_cast<std::uintptr_t>(round + 1) + 0x1000u * static_cast<std::uintptr_t>(k), in(p, 4096));
+    (void)t.release(p);
+    for (int k = 0; k < n; ++k) {
+      CHECK(t.known(p));  // a block of it still lives
+      const auto gone = t.erase(0x100000u * static_cast<std::uintptr_t>(round + 1) + 0x1000u * static_cast<std::uintptr_t>(k));
+      REQUIRE(gone);
+      CHECK(!gone->parked);
+    }
+    CHECK(!t.known(p));
+    ++forgotten;
+  }
+  CHECK(forgotten == 200);
 }
 
 TEST_CASE("block_table: out of memory may take a parked block of a use_on_oom pool, which keeps it")

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -299,6 +300,27 @@ TEST_CASE("C API: out of memory is null, counted, and the process keeps working"
         }) == "");
 }
 
+TEST_CASE("C API: an out of memory served after all is taken back from num_ooms; one the caller saw stays")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          EXPECT(strata_oom_served(0) == -1);  // no stack yet
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* keep = strata_malloc(16 * MiB, 0, a);
+          EXPECT(strata_oom_served(0) == -1);  // nothing counted
+          EXPECT(mentions("no out of memory"));
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);
+          EXPECT(stat(0, "num_ooms") == 2);
+          EXPECT(strata_oom_served(0) == 0);  // the second one a use_on_oom pool served
+          EXPECT(stat(0, "num_ooms") == 1);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.ooms == 1);
+          strata_free(keep, 16 * MiB, 0, a);
+        }) == "");
+}
+
 TEST_CASE("C API: release_on_oom=false fails without the retry")
 {
   CHECK(in_child([](expectations& ex) {
@@ -344,6 +366,186 @@ TEST_CASE("C API: limit= and set_memory_fraction cap the bytes in use")
           EXPECT(stat(0, "strata.limit_bytes") == static_cast<long long>(512 * MiB));  // unchanged
           strata_set_memory_fraction(1.0, 0);
           EXPECT(strata_malloc(200 * MiB, 0, a) != nullptr);
+        }) == "");
+}
+
+namespace {
+
+/// What a capped run saw: which of its operations succeeded, and the most the stack held at any point.
+struct capped_run {
+  std::string outcomes;
+  long long reserved_peak = 0;
+  long long most_held = 0;
+  int successes = 0;
+};
+
+/// Random allocations on two streams, some with a recorded use on the other stream (held after their free
+/// until that stream finishes), under a cap of 256 MiB given as limit= (`use_fraction` false) or as
+/// set_memory_fraction (true) on a 1 GiB simulated device. Checks after every call that the stack never holds
+/// more than the cap.
+capped_run run_capped(expectations& ex, bool use_fraction)
+{
+  const std::size_t cap = 256 * MiB;
+  EXPECT(strata_configure(use_fraction ? "stack=simulated,sim_capacity=1GiB" : "stack=simulated,sim_capacity=1GiB,limit=256MiB") == 0);
+  cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+  if (use_fraction) {
+    void* first = strata_malloc(MiB, 0, a);  // builds the stack with no cap, as PyTorch's first tensor does
+    strata_free(first, MiB, 0, a);
+    strata_set_memory_fraction(0.25, 0);
+  }
+  capped_run run;
+  std::mt19937 rng(7);
+  struct live {
+    void* p;
+    std::size_t n;
+  };
+  std::vector<live> blocks;
+  for (int i = 0; i < 400; ++i) {
+    if (blocks.empty() || rng() % 3 != 0) {
+      const std::size_t n = (1 + rng() % 96) * MiB;
+      void* p = strata_malloc(n, 0, a);
+      run.outcomes += p != nullptr ? '+' : '-';
+      if (p != nullptr) {
+        ++run.successes;
+        if (rng() % 2 == 0) {
+          strata_record_stream(p, b);  // b's work reads it: its memory stays held after the free
+          EXPECT(strata_sim_launch(b) == 0);
+        }
+        blocks.push_back({p, n});
+      }
+    } else {
+      const std::size_t k = rng() % blocks.size();
+      strata_free(blocks[k].p, blocks[k].n, 0, a);
+      blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(k));
+      ++run.successes;
+      if (rng() % 4 == 0) EXPECT(strata_sim_finish(b) == 0);
+    }
+    strata_device_figures f{};
+    EXPECT(strata_device_figures_get(0, &f) == 0);
+    EXPECT(f.reserved <= cap);
+    EXPECT(f.limit == cap);
+    run.most_held = std::max(run.most_held, static_cast<long long>(f.reserved));
+  }
+  run.reserved_peak = stat(0, "reserved_bytes.all.peak");
+  EXPECT(run.reserved_peak <= static_cast<long long>(cap));
+  EXPECT(run.outcomes.find('-') != std::string::npos);  // the cap was reached...
+  EXPECT(run.most_held > static_cast<long long>(cap * 3 / 4));  // ...by what the stack held
+  return run;
+}
+
+} // namespace
+
+TEST_CASE("C API: limit= and set_memory_fraction cap what the stack holds, alike, never exceeded")
+{
+  std::string failures;
+  for (const bool use_fraction : {false, true}) {
+    const std::string child = in_child([&](expectations& ex) {
+      const capped_run run = run_capped(ex, use_fraction);
+      EXPECT(run.successes > 200);
+      // The outcome travels to the parent as a failure line prefixed "run:" and is compared there.
+      ex.failures += "run:" + run.outcomes + ":" + std::to_string(run.reserved_peak) + "\n";
+    });
+    failures += (use_fraction ? "fraction " : "limit ") + child;
+  }
+  // Each child reports its run as one line "run:OUTCOMES:PEAK" and nothing else; the two runs match operation
+  // for operation.
+  INFO(failures);
+  auto run_line = [&](const std::string& label) {
+    const std::size_t at = failures.find(label + "run:");
+    REQUIRE(at != std::string::npos);
+    return failures.substr(at + label.size(), failures.find('\n', at) - at - label.size());
+  };
+  CHECK(run_line("limit ") == run_line("fraction "));
+  CHECK(std::count(failures.begin(), failures.end(), '\n') == 2);
+}
+
+TEST_CASE("C API: a fraction lowered below what the stack holds refuses growth; raised again, the stack grows")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* big = strata_malloc(300 * MiB, 0, a);
+          EXPECT(big != nullptr);
+          strata_set_memory_fraction(0.25, 0);  // 256 MiB, below the 300 MiB in use
+          EXPECT(strata_malloc(MiB, 0, a) == nullptr);
+          strata_free(big, 300 * MiB, 0, a);
+          void* p = strata_malloc(200 * MiB, 0, a);  // served from what the stack holds: no growth
+          EXPECT(p != nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 300 * MiB);
+          strata_reset();  // empty_cache: the idle mappings above the cap go back
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 256 * MiB);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_set_memory_fraction(1.0, 0);
+          void* q = strata_malloc(600 * MiB, 0, a);
+          EXPECT(q != nullptr);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved >= 800 * MiB);
+        }) == "");
+}
+
+TEST_CASE("C API: PyTorch's per_process_memory_fraction caps what the stack holds; settings without effect are said")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.25") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* p = strata_malloc(200 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 256 * MiB);
+          EXPECT(f.reserved <= 256 * MiB);
+          // Applied again once the stack is built: the built stack follows.
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.5,max_split_size_mb:64") == 1);
+          EXPECT(mentions("max_split_size_mb:64 has no effect under strata"));
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 512 * MiB);
+          void* q = strata_malloc(300 * MiB, 0, a);
+          EXPECT(q != nullptr);
+          // A refusal applies nothing.
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.125,garbage_collection_threshold:0.5") == -1);
+          EXPECT(mentions("garbage_collection_threshold:0.5"));
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 512 * MiB);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // with limit= as well, the smaller cap holds
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=128MiB") == 0);
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0.5") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_malloc(100 * MiB, 0, a) != nullptr);
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 128 * MiB);
+        }) == "");
+}
+
+TEST_CASE("C API: the figures say how much idle memory empty_cache would hand back")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* keep = strata_malloc(3 * MiB, 0, a);
+          void* p = strata_malloc(64 * MiB, 0, a);
+          EXPECT(keep != nullptr && p != nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          const std::size_t releasable_live = f.releasable;
+          EXPECT(f.releasable <= f.reserved - f.in_use);
+          strata_free(p, 64 * MiB, 0, a);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.releasable >= releasable_live + 64 * MiB);
+          EXPECT(f.releasable <= f.reserved - f.in_use);
+          const std::size_t before = f.reserved, releasable = f.releasable;
+          strata_reset();
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved == before - releasable);
+          EXPECT(f.releasable == 0);
+          strata_free(keep, 3 * MiB, 0, a);
         }) == "");
 }
 
@@ -714,6 +916,43 @@ TEST_CASE("C API: threads allocate and free concurrently, each on its own stream
           EXPECT(stat(0, "allocated_bytes.all.current") == 0);
           EXPECT(stat(0, "allocation.all.current") == 0);
           EXPECT(stat(0, "num_ooms") == 0);
+        }) == "");
+}
+
+TEST_CASE("C API: out of memory under a capture is out of memory (std::bad_alloc), counted once, the capture intact")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), c = strata_sim_stream_create(0);
+          // Idle memory held for another stream's work, which a release would have to wait for.
+          void* held = strata_malloc(16 * MiB, 0, a);
+          strata_record_stream(held, c);
+          EXPECT(strata_sim_launch(c) == 0);
+          strata_free(held, 16 * MiB, 0, a);
+          static cudaStream_t captured = nullptr;
+          captured = c;
+          const std::pair<unsigned long long, unsigned long long> pool{1, 0};
+          strata_begin_allocate_to_pool(0, pool, [](cudaStream_t s) { return s == captured; });
+          EXPECT(strata_sim_capture(c, 1) == 0);
+          std::string kind;
+          try {
+            (void)strata_malloc_or_throw(56 * MiB, 0, c);
+            kind = "served";
+          } catch (const std::bad_alloc&) {
+            kind = "out of memory";
+          } catch (const std::exception& e) {
+            kind = std::string("other: ") + e.what();
+          }
+          EXPECT(kind == "out of memory");
+          EXPECT(stat(0, "num_ooms") == 1);
+          EXPECT(stat(0, "num_alloc_retries") == 0);  // no release: it would wait for the device
+          void* small = strata_malloc(MiB, 0, c);  // the capture goes on
+          EXPECT(small != nullptr);
+          EXPECT(strata_sim_capture(c, 0) == 0);
+          strata_end_allocate_to_pool(0, pool);
+          strata_free(small, MiB, 0, c);
+          strata_release_pool(0, pool);
+          EXPECT(strata_sim_finish(c) == 0);
         }) == "");
 }
 

@@ -73,7 +73,8 @@ TEST_CASE("device_statistics: reserved, segments, inactive split and active foll
   f.device_allocs = 2;
   d.observe(f);
   CHECK(d.reserved_bytes[pool_kind::all].current == static_cast<std::int64_t>(8 * MiB));
-  CHECK(d.reserved_bytes[pool_kind::large_pool].current == 0);  // strata has one pool: aggregate only
+  CHECK(d.reserved_bytes[pool_kind::large_pool].current == static_cast<std::int64_t>(8 * MiB));  // no small block live
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current == 0);
   CHECK(d.segment[pool_kind::all].current == 2);
   CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(5 * MiB));
   CHECK(d.inactive_split[pool_kind::all].current == 1);
@@ -187,4 +188,57 @@ TEST_CASE("device_statistics: one call's change of live and held blocks moves ac
   // The kind's figure has no held part: it counts the block itself.
   CHECK(d.active_bytes[pool_kind::large_pool].current == static_cast<std::int64_t>(2 * MiB));
   CHECK(d.active_bytes[pool_kind::large_pool].allocated == static_cast<std::int64_t>(4 * MiB));
+}
+
+TEST_CASE("device_statistics: the small pool reserves its live blocks, the large pool the rest; each aggregate sums its kinds")
+{
+  device_statistics d;
+  std::mt19937 rng(11);
+  std::vector<std::size_t> live;
+  std::size_t live_bytes = 0;
+  int checked = 0;
+  for (int i = 0; i < 2000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      const std::size_t n = rng() % 2 == 0 ? 512 * (1 + rng() % 2048) : MiB * (1 + rng() % 64);  // small and large
+      d.on_allocate(n, n);
+      live.push_back(n);
+      live_bytes += n;
+    } else {
+      const std::size_t k = rng() % live.size();
+      d.on_free(live[k], live[k]);
+      live_bytes -= live[k];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    stack_figures f;
+    f.in_use = live_bytes;
+    f.reserved = live_bytes + (rng() % 64) * MiB;
+    f.releasable = (f.reserved - f.in_use) / 2;
+    f.chunks = 1 + live.size() / 4;
+    d.observe(f);
+    for (const stat_array* a : {&d.reserved_bytes, &d.segment, &d.inactive_split_bytes, &d.inactive_split, &d.allocated_bytes}) {
+      CHECK((*a)[pool_kind::all].current == (*a)[pool_kind::small_pool].current + (*a)[pool_kind::large_pool].current);
+      ++checked;
+    }
+    CHECK(d.reserved_bytes[pool_kind::small_pool].current == d.allocated_bytes[pool_kind::small_pool].current);
+    CHECK(d.reserved_bytes[pool_kind::large_pool].current >= d.allocated_bytes[pool_kind::large_pool].current);
+    CHECK(d.inactive_split_bytes[pool_kind::all].current ==
+          static_cast<std::int64_t>(f.reserved - f.in_use - f.releasable));
+  }
+  CHECK(checked == 10000);
+}
+
+TEST_CASE("device_statistics: releasable idle memory is not inactive split; parked blocks are, and are not allocated")
+{
+  device_statistics d;
+  d.on_allocate(4 * MiB, 4 * MiB);
+  d.on_free(4 * MiB, 4 * MiB);  // parked in a graph pool: strata keeps it, PyTorch sees it free
+  stack_figures f{.reserved = 16 * MiB, .in_use = 6 * MiB, .chunks = 2, .free_blocks = 3};
+  f.releasable = 8 * MiB;  // whole pages empty_cache would unmap
+  d.observe(f, 4 * MiB, 1);
+  CHECK(d.allocated_bytes[pool_kind::all].current == 0);
+  CHECK(d.allocation[pool_kind::all].current == 0);
+  CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(2 * MiB + 4 * MiB));
+  f.releasable = 0;
+  d.observe(f, 4 * MiB, 1);
+  CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(10 * MiB + 4 * MiB));
 }

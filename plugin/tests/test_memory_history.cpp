@@ -2,8 +2,12 @@
 // kept per block, and snapshot segments built from strata's chunk listing with the backend's blocks over it.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <strata/core/snapshot.hpp>
@@ -180,4 +184,112 @@ TEST_CASE("snapshot: a private pool's segment is listed as its pieces, live ones
   CHECK(only[0].address == 0x100000);
   CHECK(only[0].pool == user);
   CHECK(only[0].allocated == 0);
+}
+
+TEST_CASE("memory_history: turning recording off drops the trace, clear or not")
+{
+  memory_history<frames> h;
+  h.configure(true, context_mode::all, 10, false, {});
+  for (std::uintptr_t a = 1; a <= 4; ++a) h.record(rec(trace_action::alloc, a, 10));
+  REQUIRE(h.trace().size() == 4);
+  h.configure(true, context_mode::alloc, 10, false, {});  // still on, not cleared: kept
+  CHECK(h.trace().size() == 4);
+  h.configure(false, context_mode::never, 10, false, {});
+  CHECK(h.trace().empty());
+  CHECK(!h.enabled());
+  h.configure(true, context_mode::all, 10, false, {});  // on again: starts empty
+  h.record(rec(trace_action::free_requested, 7, 10));
+  REQUIRE(h.trace().size() == 1);
+  CHECK(h.trace().front().address == 7);
+}
+
+TEST_CASE("segment_ledger: adopting reports nothing; then every change is a free, then an allocation")
+{
+  segment_ledger l;
+  CHECK(!l.adopted());
+  snapshot s{.box = "pool", .segments = {{.address = 0x1000, .size = 0x100, .blocks = {}}, {.address = 0x4000, .size = 0x200, .blocks = {}}}};
+  l.adopt(s);
+  CHECK(l.adopted());
+  CHECK(l.update(s).empty());
+  // One segment grows in place, one goes, one comes.
+  snapshot t{.box = "pool", .segments = {{.address = 0x9000, .size = 0x300, .blocks = {}}, {.address = 0x1000, .size = 0x180, .blocks = {}}}};
+  const auto changes = l.update(t);
+  using c = segment_ledger::change;
+  const std::vector<c> expected = {{trace_action::segment_free, 0x1000, 0x100}, {trace_action::segment_free, 0x4000, 0x200},
+                                   {trace_action::segment_alloc, 0x1000, 0x180}, {trace_action::segment_alloc, 0x9000, 0x300}};
+  CHECK(changes == expected);
+  CHECK(l.known().size() == 2);
+  l.forget();
+  CHECK(!l.adopted());
+  CHECK(l.known().empty());
+}
+
+TEST_CASE("segment_ledger: random segment sets; replaying the changes rebuilds every set")
+{
+  std::mt19937 rng(5);
+  segment_ledger l;
+  std::map<std::uintptr_t, std::size_t> replayed;
+  int changes = 0;
+  for (int round = 0; round < 300; ++round) {
+    snapshot s{.box = "pool", .segments = {}};
+    std::map<std::uintptr_t, std::size_t> truth;
+    for (int k = 0; k < 12; ++k)
+      if (rng() % 2 == 0) {
+        const std::uintptr_t a = 0x100000u * static_cast<std::uintptr_t>(k + 1);
+        const std::size_t n = 0x1000u * (1 + rng() % 3);
+        truth[a] = n;
+        s.segments.push_back({.address = a, .size = n, .blocks = {}});
+      }
+    for (const auto& ch : l.update(s)) {
+      ++changes;
+      if (ch.action == trace_action::segment_free) {
+        REQUIRE(replayed.count(ch.address) == 1);
+        CHECK(replayed[ch.address] == ch.size);
+        replayed.erase(ch.address);
+      } else {
+        REQUIRE(ch.action == trace_action::segment_alloc);
+        CHECK(replayed.count(ch.address) == 0);
+        replayed[ch.address] = ch.size;
+      }
+    }
+    CHECK(replayed == truth);
+  }
+  CHECK(changes > 1000);
+}
+
+TEST_CASE("tracker_list: a tracker may raise events of its own on its thread; other threads wait, none is lost")
+{
+  tracker_list<int> trackers;
+  CHECK(!trackers.any());
+  std::atomic<int> seen{0}, nested{0};
+  trackers.attach([&](const int& e) {
+    ++seen;
+    if (e == 1) trackers.call(2);  // a tracker that allocates: its own event comes back on this thread
+    if (e == 2) ++nested;
+  });
+  CHECK(trackers.any());
+  trackers.call(1);
+  CHECK(seen == 2);
+  CHECK(nested == 1);
+  // Attached during a call: called from the next event on.
+  int late = 0;
+  tracker_list<int> growing;
+  growing.attach([&](const int& e) {
+    if (e == 0) growing.attach([&](const int&) { ++late; });
+  });
+  growing.call(0);
+  CHECK(late == 0);
+  growing.call(5);
+  CHECK(late == 1);
+  // Threads at once, each also raising a nested event.
+  seen = 0;
+  nested = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) trackers.call(1);
+    });
+  for (auto& t : threads) t.join();
+  CHECK(seen == 4000);
+  CHECK(nested == 2000);
 }

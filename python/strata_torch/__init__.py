@@ -218,6 +218,12 @@ def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None):
                 _state["backend"] = "strata"
                 _state["oom_raises_torch_error"] = True
                 return _allocators["process"]
+        # PyTorch's own allocator settings reach strata here on this path (the strata backend reads them itself
+        # when CUDA starts): checked before the allocator is swapped, so a refusal changes nothing.
+        torch_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF"))
+        if torch_conf:
+            for note in _library.load().apply_torch_conf(torch_conf):
+                warnings.warn(f"strata: {note}", RuntimeWarning, stacklevel=2)
         allocator = _pluggable_allocator(process_wide=True)
         # The hooks library is loaded even where Python could set the hooks itself: it alone can make the
         # plug-in's out-of-memory a torch.OutOfMemoryError (PyTorch turns any other C++ exception into a

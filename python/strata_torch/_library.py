@@ -109,6 +109,7 @@ _PROTOTYPES = [
     ("strata_reset_peak_stats", None, [_INT], True),
     ("strata_snapshot_json", _SIZE, [_INT, _CHARP, _SIZE], True),
     ("strata_record_flush", _INT, [], True),
+    ("strata_apply_torch_conf", _INT, [_CHARP], False),
     ("strata_init", None, [_INT], False),
     ("strata_reset", None, [], False),
     ("strata_set_memory_fraction", None, [_DOUBLE, _INT], False),
@@ -180,6 +181,16 @@ class Library:
 
     def is_in_use(self):
         return bool(self._functions["strata_is_in_use"]())
+
+    def apply_torch_conf(self, text):
+        """PyTorch's allocator settings (PYTORCH_CUDA_ALLOC_CONF's text) applied to strata. Returns the settings
+        that have no effect under strata, one message each; ConfigError (a ValueError) for one strata refuses."""
+        if not self.has("strata_apply_torch_conf"):
+            return []
+        status = self._functions["strata_apply_torch_conf"](text.encode("utf-8"))
+        if status < 0:
+            raise ConfigError(f"strata: {self.last_error()}")
+        return self.last_error().splitlines() if status == 1 else []
 
     def _json(self, name, device):
         fn = self._functions[name]

@@ -135,6 +135,21 @@ class PluginLibrary(unittest.TestCase):
         self.assertTrue(out["after"], "no allocation possible after an out-of-memory")
         self.assertGreaterEqual(out["ooms"], 1)
 
+    def test_pytorch_allocator_settings_cap_warn_or_refuse(self):
+        out = self.run_scenario(
+            "strata_torch.validate('stack=simulated,sim_capacity=1GiB')\n"
+            "notes = lib.apply_torch_conf('per_process_memory_fraction:0.25,max_split_size_mb:64')\n"
+            "ok = lib.malloc(200 << 20, 0, None)\n"
+            "too_much = lib.malloc(100 << 20, 0, None)\n"
+            "try:\n    lib.apply_torch_conf('garbage_collection_threshold:0.5'); refused = None\n"
+            "except strata_torch.ConfigError as e:\n    refused = str(e)\n"
+            "print(json.dumps(dict(notes=notes, ok=bool(ok), too_much=bool(too_much), refused=refused)))")
+        self.assertEqual(len(out["notes"]), 1)
+        self.assertIn("max_split_size_mb:64 has no effect under strata", out["notes"][0])
+        self.assertTrue(out["ok"])
+        self.assertFalse(out["too_much"], "300 MiB served under a 256 MiB per_process_memory_fraction")
+        self.assertIn("garbage_collection_threshold:0.5", out["refused"] or "")
+
     def test_record_then_flush_writes_the_trace(self):
         out = self.run_scenario(
             "import os, tempfile\n"

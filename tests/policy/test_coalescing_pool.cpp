@@ -133,6 +133,31 @@ TEST_CASE("coalescing_pool: max_reserved caps what it takes")
   pool.deallocate(b, 2 << 20);
 }
 
+TEST_CASE("coalescing_pool: set_max_reserved moves the cap of a live pool; idle_bytes is what release hands back")
+{
+  auto opts = plain<coalescing_pool<simulated_source>>(1 << 20);
+  coalescing_pool<simulated_source> pool(simulated_source{}, opts);
+  CHECK(pool.max_reserved() == SIZE_MAX);
+  void* a = pool.allocate(1 << 20);
+  void* b = pool.allocate(2 << 20);
+  pool.set_max_reserved(3 << 20);
+  CHECK(pool.max_reserved() == std::size_t{3} << 20);
+  CHECK_THROWS_AS((void)pool.allocate(1 << 20), out_of_memory);  // the pool holds 3 MiB: nothing more
+  CHECK(pool.usage().reserved == std::size_t{3} << 20);
+  CHECK(pool.idle_bytes() == 0);
+  pool.deallocate(b, 2 << 20);
+  CHECK(pool.idle_bytes() == pool.usage().reserved - (std::size_t{1} << 20));  // b's chunk is wholly free
+  pool.set_max_reserved(SIZE_MAX);
+  void* c = pool.allocate(8 << 20);
+  CHECK(pool.usage().reserved >= std::size_t{9} << 20);
+  pool.deallocate(c, 8 << 20);
+  const std::size_t idle = pool.idle_bytes();
+  CHECK(pool.release() == idle);
+  CHECK(pool.idle_bytes() == 0);
+  pool.deallocate(a, 1 << 20);
+  CHECK(pool.idle_bytes() == pool.usage().reserved);
+}
+
 TEST_CASE("coalescing_pool: release returns exactly the wholly free chunks")
 {
   spy<simulated_source> upstream;

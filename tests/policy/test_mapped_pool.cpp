@@ -245,6 +245,52 @@ TEST_CASE("mapped_pool: the physical cap is out_of_memory naming the pool, with 
   for (std::size_t i = 2; i < blocks.size(); ++i) pool.deallocate(blocks[i], 10 * mib);
 }
 
+TEST_CASE("mapped_pool: set_max_physical moves the cap of a live pool, every tag's pool with it")
+{
+  for (const bool relocate : {false, true}) {
+    pool_t pool{simulated_pages{}, {.relocate_idle = relocate}};
+    std::mt19937 rng(relocate ? 2 : 1);
+    std::vector<std::pair<void*, std::size_t>> live;
+    std::size_t cap = 96 * mib;
+    pool.set_max_physical(cap);
+    CHECK(pool.settings().max_physical == cap);
+    int served = 0, refused = 0;
+    for (int i = 0; i < 600; ++i) {
+      if (i == 300) {  // lowered below what may be held: no growth past it, idle memory goes back first
+        cap = 48 * mib;
+        pool.set_max_physical(cap);
+      }
+      if (!live.empty() && rng() % 3 == 0) {
+        const std::size_t k = rng() % live.size();
+        pool.deallocate(live[k].first, live[k].second);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        continue;
+      }
+      const std::size_t n = (1 + rng() % 12) * mib + rng() % 4096;
+      const tag_id tag = static_cast<tag_id>(rng() % 2);
+      const std::size_t before = pool.physical_bytes();
+      try {
+        live.emplace_back(pool.allocate_tagged(tag, n), n);
+        ++served;
+      } catch (const out_of_memory&) {
+        ++refused;
+        CHECK(pool.physical_bytes() <= std::max(before, cap));
+        continue;
+      }
+      // Growth never lifts the pool past the cap; memory held above a lowered cap only shrinks.
+      CHECK(pool.physical_bytes() <= std::max(before, cap));
+    }
+    CHECK(pool.physical_bytes() <= 48 * mib);  // the 96 MiB held before the cap fell has been worked off
+    CHECK(served > 150);
+    CHECK(refused > 0);
+    for (auto [p, n] : live) pool.deallocate(p, n);
+    pool.set_max_physical(SIZE_MAX);  // lifted: the pool grows again
+    void* big = pool.allocate(200 * mib);
+    CHECK(pool.physical_bytes() >= 200 * mib);
+    pool.deallocate(big, 200 * mib);
+  }
+}
+
 TEST_CASE("mapped_pool: at the cap, a request too large gives idle memory back and fails cleanly")
 {
   for (const bool relocate : {false, true}) {

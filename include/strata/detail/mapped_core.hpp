@@ -218,6 +218,14 @@ public:
   /// max_physical counts `elsewhere` bytes held by other pools on the backend (mapped_pool's other tags): until
   /// the next call, this pool maps only what they leave under it, room mapped ahead included. O(1).
   void share_cap(std::size_t elsewhere) noexcept { budget_.set_cap(opts_.max_physical - std::min(opts_.max_physical, elsewhere)); }
+  /// Moves max_physical while the pool lives (a per-process memory fraction set late). Mappings already above
+  /// a lowered cap stay until their blocks are free and the pool reclaims them; no new mapping lifts the pool
+  /// over it. O(1), no CUDA call.
+  void set_max_physical(std::size_t bytes) noexcept
+  {
+    opts_.max_physical = bytes;
+    budget_.set_cap(bytes);
+  }
 
   /// Waits for the device once, then unmaps and releases every idle mapping and every range relocations
   /// left; returns the bytes given back.

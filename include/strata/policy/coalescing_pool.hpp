@@ -93,6 +93,11 @@ public:
   coalescing_pool& operator=(const coalescing_pool&) = delete;
   ~coalescing_pool() = default;
 
+  /// Moves max_reserved while the pool lives (a per-process memory fraction set late). Chunks already above a
+  /// lowered cap stay until they are wholly free and handed back; no new chunk lifts the pool over it. O(1).
+  void set_max_reserved(std::size_t bytes) noexcept { opts_.max_reserved = bytes; }
+  std::size_t max_reserved() const noexcept { return opts_.max_reserved; }
+
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
     check_alignment("coalescing_pool", alignment, std::max({opts_.max_chunk, std::size_t{1} << 30, default_alignment}));
@@ -178,6 +183,9 @@ public:
     return returned;
   }
 
+  /// The bytes of the wholly free chunks: what release() would hand back. O(1).
+  std::size_t idle_bytes() const noexcept { return idle_.bytes; }
+
   strata::usage usage() const noexcept
   {
     return {.reserved = held_.reserved, .in_use = held_.in_use, .largest_free = std::max(bands_[0].largest(), bands_[1].largest()),
@@ -259,6 +267,7 @@ private:
     if (idle_.head != nullptr) idle_.head->idle_prev = b;
     idle_.head = b;
     ++idle_.count;
+    idle_.bytes += b->size;
   }
 
   void remove_free(block* b) noexcept
@@ -270,6 +279,7 @@ private:
     if (b->idle_next != nullptr) b->idle_next->idle_prev = b->idle_prev;
     b->idle_prev = b->idle_next = nullptr;
     --idle_.count;
+    idle_.bytes -= b->size;
   }
 
   /// A wholly free chunk far larger than the request (more than three times, and by more than max_chunk)
@@ -438,6 +448,7 @@ private:
   struct idle_chunks {
     block* head = nullptr;  // wholly free chunks, whichever band
     std::size_t count = 0;
+    std::size_t bytes = 0;
   };
   struct spare_nodes {
     std::array<block*, spare_count> node{};  // made ahead, so no split can fail

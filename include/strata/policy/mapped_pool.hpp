@@ -283,6 +283,14 @@ public:
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
   const options& settings() const noexcept { return core_.settings(); }
+  /// Moves max_physical, which every tag's pool counts together (mapped_core::set_max_physical). O(tags), no
+  /// CUDA call.
+  void set_max_physical(std::size_t bytes) noexcept
+  {
+    core_.set_max_physical(bytes);
+    for (auto& t : tags_)
+      if (t.pool != nullptr) t.pool->set_max_physical(bytes);
+  }
 
   friend bool operator==(const mapped_pool& a, const mapped_pool& b) noexcept { return &a == &b; }
 

@@ -2,7 +2,7 @@
 torch.compile (default and reduce-overhead), activation checkpointing, torch.multiprocessing, transformers'
 Trainer with memory metrics and Lightning's DeviceStatsMonitor; each training run twice, under PyTorch's
 allocator and under strata's, at the same time, with the losses compared.
-    python3 tests/device/frameworks/run_all.py --out DIR [--only memory_api,mp_share,eager,graph,...]
+    python3 tests/device/frameworks/run_all.py --out DIR [--only memory_api,contract,mp_share,eager,graph,...]
 Prints PASS/FAIL per check and a count; writes DIR/frameworks.log (every run's output) and DIR/results.json.
 Exit status 1 if any check failed.
 """
@@ -17,7 +17,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_MODES = ["eager", "checkpoint", "graph", "compile", "compile-ro"]
 FRAMEWORKS = ["trainer", "lightning"]
-ALL = ["memory_api", "mp_share"] + TRAIN_MODES + FRAMEWORKS
+ALL = ["memory_api", "contract", "mp_share"] + TRAIN_MODES + FRAMEWORKS
 TOLERANCE = 1e-4   # relative, per step: the runs differ only in addresses
 
 
@@ -117,6 +117,9 @@ def main():
 
     if due("memory_api"):
         suite.script("memory_api", [os.path.join(HERE, "memory_api.py"), "--out", a.out], a.timeout)
+    if due("contract"):   # PyTorch's contract: every check under PyTorch's allocator first, then under strata
+        suite.script("contract-native", [os.path.join(HERE, "contract.py"), "--allocator", "native"], a.timeout)
+        suite.script("contract", [os.path.join(HERE, "contract.py")], a.timeout)
     for mode in (m for m in TRAIN_MODES if due(m)):
         extra = suite.pair(mode, [os.path.join(HERE, "train_compare.py"), "--mode", mode], a.timeout)
         if mode == "graph" and extra:
