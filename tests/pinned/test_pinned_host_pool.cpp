@@ -236,6 +236,22 @@ TEST_CASE("pinned_host_pool: when pinning more fails, the host waits for the cop
   pool.deallocate(p, 6 * MiB);
 }
 
+TEST_CASE("pinned_host_pool: when pinning more fails, idle chunks are unpinned to make room")
+{
+  fixture f;
+  f.host.set_lockable(8 * MiB);
+  auto pool = f.make();
+  void* p = pool.allocate(6 * MiB);
+  pool.deallocate(p, 6 * MiB);
+  void* q = pool.allocate(7 * MiB);  // the idle 6 MiB cannot hold it and 13 MiB cannot be pinned
+  CHECK(f.host.region_at(q) == 7 * MiB);
+  CHECK(f.host.regions() == 1);
+  CHECK(f.host.pinned() == 7 * MiB);
+  CHECK(f.host.unpins() == 1);
+  CHECK(pool.usage().reserved == 7 * MiB);
+  pool.deallocate(q, 7 * MiB);
+}
+
 TEST_CASE("pinned_host_pool: a registration the driver refuses leaves nothing pinned and the pool usable")
 {
   fixture f;

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -42,7 +43,7 @@ namespace strata {
 /// cudaDevAttrHostNumaId, through the mbind system call: no libnuma), faulted in by up to `threads` threads
 /// (MADV_POPULATE_WRITE where the kernel has it, a write per page otherwise), then registered with
 /// cudaHostRegisterPortable in one call (Note [one registration per region]) on the backend's device.
-/// Models: pinning_backend. Cost per pin: an mmap, an madvise, an mbind, the threads' page faults, one
+/// Models: pinning_backend. Cost per pin: a read of /proc/meminfo, an mmap, an madvise, an mbind, the threads' page faults, one
 /// cudaHostRegister; per unpin: cudaHostUnregister and munmap. Thread-safe. Copyable and movable (it holds
 /// only its settings).
 class host_pinning {
@@ -71,6 +72,25 @@ public:
   /// Bytes pinned by every host_pinning of the process now (what an RLIMIT_MEMLOCK refusal is measured against).
   static std::size_t pinned_in_process() noexcept { return pinned_total().load(std::memory_order_relaxed); }
 
+  /// What the kernel reports it could still provide without swapping (MemAvailable), SIZE_MAX when unknown: a
+  /// request beyond it is refused up front, since faulting it in would wake the OOM killer instead of failing.
+  static std::size_t available_memory() noexcept
+  {
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    if (f == nullptr) return SIZE_MAX;
+    char line[256];
+    std::size_t available = SIZE_MAX;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      unsigned long long kib = 0;
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        available = static_cast<std::size_t>(kib) * 1024;
+        break;
+      }
+    }
+    std::fclose(f);
+    return available;
+  }
+
   /// The process's lockable-memory limit (RLIMIT_MEMLOCK's soft value), SIZE_MAX when unlimited.
   static std::size_t memlock_limit() noexcept
   {
@@ -85,16 +105,18 @@ public:
       throw std::invalid_argument("host_pinning: " + std::to_string(bytes) + " bytes is not a positive number of 4 KiB pages");
     const std::size_t align = bytes >= pinned_pages::huge ? pinned_pages::huge : pinned_pages::small;
     if (bytes > SIZE_MAX - align) throw out_of_memory("host_pinning", bytes, "more than the address space holds");
+    if (const std::size_t available = available_memory(); bytes > available)
+      throw refusal(bytes, "the host has " + std::to_string(available) + " bytes available (MemAvailable)");
     const std::size_t limit = memlock_limit();
     if (opts_.honour_memlock && (bytes > limit || pinned_in_process() > limit - bytes)) throw refusal(bytes, "the limit would be passed");
     auto* p = static_cast<unsigned char*>(map_aligned(bytes, align));
 #ifdef MADV_HUGEPAGE
     if (align == pinned_pages::huge) (void)::madvise(p, bytes, MADV_HUGEPAGE);
 #endif
-    if (node_ >= 0 && node_ < 8 * static_cast<int>(sizeof(unsigned long))) {
+    if (node_ >= 0 && node_ < 8 * static_cast<int>(sizeof(unsigned long)) - 1) {
       // Preferred, not bound: a full node spills over instead of failing the pin or waking the OOM killer.
       const unsigned long mask = 1UL << node_;
-      (void)::syscall(SYS_mbind, p, bytes, MPOL_PREFERRED, &mask, 8 * sizeof(mask), 0U);
+      (void)::syscall(SYS_mbind, p, bytes, MPOL_PREFERRED, &mask, 8 * sizeof(mask) + 1, 0U);  // maxnode counts one past the mask
     }
     if (!fault_in(p, bytes)) {
       ::munmap(p, bytes);

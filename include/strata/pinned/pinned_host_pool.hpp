@@ -55,7 +55,8 @@ struct pinned_pool_counts {
 /// at the next allocate or release; a pin (slow: the host locks every page) only when no free block fits.
 /// record_use: an event record (a CUDA call). No host wait, except for the waiting blocks when pinning more
 /// fails (counted in stats().host_waits). Unsynchronized. Move-only. Strong guarantee, except that an
-/// allocation that fails may have let waiting blocks whose copies finished join the pool.
+/// allocation that could not pin more may have let finished waiting blocks join the pool and unpinned idle
+/// chunks, as it does before it fails.
 template <pinning_backend Pinning = host_pinning, event_backend Events = cuda_events>
 class pinned_host_pool : public forward_properties<pinned_host_pool<Pinning, Events>, pinning_source<Pinning>>,
                          public sync_names<pinned_host_pool<Pinning, Events>> {
@@ -267,21 +268,29 @@ private:
     return p;
   }
 
-  /// A block of `size` from the pool; when pinning more fails while freed blocks wait for copies, waits for
-  /// those copies once and asks again. The refusal names the limit the host refused by.
+  /// A block of `size` from the pool. When pinning more fails, the host waits once for the copies of freed
+  /// blocks still waiting and asks again, then unpins the idle chunks and asks again; the refusal after that
+  /// names the limit the host refused by.
   void* take(std::size_t size, std::size_t bytes)
   {
     const std::size_t refusals = pool_.upstream().stats().refusals;
     try {
       return pool_.allocate(size, default_alignment);
     } catch (const out_of_memory&) {
-      if (counts_.waiting_blocks == 0 || !wait_for_waiting_blocks()) refuse(bytes, refusals);
     }
-    try {
-      return pool_.allocate(size, default_alignment);
-    } catch (const out_of_memory&) {
-      refuse(bytes, refusals);
+    if (counts_.waiting_blocks > 0 && wait_for_waiting_blocks()) {
+      try {
+        return pool_.allocate(size, default_alignment);
+      } catch (const out_of_memory&) {
+      }
     }
+    if (pool_.release() > 0) {
+      try {
+        return pool_.allocate(size, default_alignment);
+      } catch (const out_of_memory&) {
+      }
+    }
+    refuse(bytes, refusals);
   }
 
   /// out_of_memory with the backend's own reason when it refused during this call (it names the limit).
