@@ -42,10 +42,12 @@ namespace strata {
 /// advised MADV_HUGEPAGE from 2 MiB), bound preferentially to the GPU's NUMA node (the driver's
 /// cudaDevAttrHostNumaId, through the mbind system call: no libnuma), faulted in by up to `threads` threads
 /// (MADV_POPULATE_WRITE where the kernel has it, a write per page otherwise), then registered with
-/// cudaHostRegisterPortable in one call (Note [one registration per region]) on the backend's device.
-/// Models: pinning_backend. Cost per pin: a read of /proc/meminfo, an mmap, an madvise, an mbind, the threads' page faults, one
-/// cudaHostRegister; per unpin: cudaHostUnregister and munmap. Thread-safe. Copyable and movable (it holds
-/// only its settings).
+/// cudaHostRegisterPortable and Mapped in one call (Note [one registration per region]) on the backend's device:
+/// every device may copy from it, and kernels may use the host pointer where the device reports
+/// cudaDevAttrCanUseHostPointerForRegisteredMem.
+/// Models: pinning_backend. Cost per pin: a read of /proc/meminfo, an mmap, an madvise, an mbind, the threads'
+/// page faults, one cudaHostRegister; per unpin: cudaHostUnregister and munmap. Thread-safe. Copyable and
+/// movable (it holds only its settings).
 class host_pinning {
 public:
   struct options {
@@ -125,7 +127,7 @@ public:
     cudaError_t status = cudaSuccess;
     try {
       detail::scoped_device on(device_);
-      status = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+      status = cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
     } catch (...) {  // the device could not be made current
       ::munmap(p, bytes);
       throw;

@@ -1,7 +1,8 @@
 #pragma once
 // A pretend host for pinned_host_pool on machines without a GPU: regions are address ranges that cost no
-// memory until a page is touched (the pool never touches them; a test may touch what it is handed), and pinning is counted against a lockable-memory limit the test sets, so
-// sizes, splits, merges, release and the exhaustion of lockable memory run anywhere.
+// memory until a page is touched (the pool never touches them; a test may touch what it is handed), and
+// pinning is counted against a lockable-memory limit the test sets, so sizes, splits, merges, release and the
+// exhaustion of lockable memory run anywhere.
 #include <sys/mman.h>
 
 #include <cstddef>
