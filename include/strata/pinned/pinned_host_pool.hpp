@@ -27,7 +27,7 @@ namespace strata {
 namespace detail {
 /// What a pinned_host_pool counts beside its policy.
 struct pinned_pool_counts {
-  std::size_t requested = 0, waiting = 0, waiting_blocks = 0;
+  std::size_t requested = 0, waiting = 0, waiting_blocks = 0, tracked = 0;  // tracked: live blocks with recorded uses
   std::size_t allocations = 0, frees = 0, events_made = 0, events_recorded = 0, host_waits = 0;
 };
 } // namespace detail
@@ -106,6 +106,7 @@ public:
       events_ = std::move(other.events_);
       opts_ = other.opts_;
       live_ = std::move(other.live_);
+      waiting_ = std::move(other.waiting_);
       spare_events_ = std::move(other.spare_events_);
       counts_ = std::move(other.counts_);
     }
@@ -154,6 +155,7 @@ public:
     ++counts_.frees;
     if (!finished(b)) {
       b.freed = true;
+      waiting_.push_back(p);  // capacity reserved by record_use: one place per block with uses
       ++counts_.waiting_blocks;
       counts_.waiting += b.size;
       return;
@@ -175,6 +177,7 @@ public:
       throw usage_error("pinned_host_pool: record_use on a stream being captured (record uses outside the capture)");
     block& b = it->second;
     b.uses.reserve(b.uses.size() + 1);
+    if (b.uses.empty()) waiting_.reserve(counts_.tracked + 1);  // its free will never allocate
     spare_events_.reserve(counts_.events_made + 1);  // every event made fits among the spares: returning one never allocates
     event e{};
     if (spare_events_.empty()) {
@@ -190,6 +193,7 @@ public:
       spare_events_.push_back(e);
       throw;
     }
+    if (b.uses.empty()) ++counts_.tracked;
     b.uses.push_back(e);
     ++counts_.events_recorded;
   }
@@ -323,21 +327,24 @@ private:
   void retire(typename block_map::iterator it) noexcept
   {
     for (const event e : it->second.uses) spare_events_.push_back(e);  // capacity reserved by record_use
+    if (!it->second.uses.empty()) --counts_.tracked;
     pool_.deallocate(it->first, it->second.size);
     live_.erase(it);
   }
 
   void join_finished_blocks() noexcept
   {
-    if (counts_.waiting_blocks == 0) return;
-    for (auto it = live_.begin(); it != live_.end();) {
-      auto next = std::next(it);
-      if (it->second.freed && finished(it->second)) {
-        --counts_.waiting_blocks;
-        counts_.waiting -= it->second.size;
-        retire(it);
+    for (std::size_t i = 0; i < waiting_.size();) {
+      const auto it = live_.find(waiting_[i]);
+      if (!finished(it->second)) {
+        ++i;
+        continue;
       }
-      it = next;
+      --counts_.waiting_blocks;
+      counts_.waiting -= it->second.size;
+      retire(it);
+      waiting_[i] = waiting_.back();
+      waiting_.pop_back();
     }
   }
 
@@ -346,9 +353,8 @@ private:
   bool wait_for_waiting_blocks() noexcept
   {
     bool all = true;
-    for (auto& [p, b] : live_) {
-      if (!b.freed) continue;
-      for (const event e : b.uses) {
+    for (void* p : waiting_) {
+      for (const event e : live_.find(p)->second.uses) {
         try {
           events_.wait_host(e);
           ++counts_.host_waits;
@@ -373,12 +379,14 @@ private:
     for (const event e : spare_events_) events_.destroy_event(e);
     spare_events_.clear();
     live_.clear();
+    waiting_.clear();
   }
 
   policy_type pool_;
   Events events_;
   options opts_;
   detail::emptied_on_move<block_map> live_;
+  detail::emptied_on_move<std::vector<void*>> waiting_;  // freed blocks whose uses may still run
   detail::emptied_on_move<std::vector<event>> spare_events_;
   detail::emptied_on_move<own_counts> counts_;
 };
