@@ -15,6 +15,7 @@
 #include <strata/source/host_source.hpp>
 #include <strata/source/managed_source.hpp>
 #include <strata/source/pinned_source.hpp>
+#include <strata/source/pinning_source.hpp>
 #include <strata/source/registered_host_source.hpp>
 #include <strata/source/simulated_devices.hpp>
 #include <strata/source/simulated_source.hpp>
@@ -22,6 +23,11 @@
 #include <strata/pages/driver_pages.hpp>
 #include <strata/pages/page_backend.hpp>
 #include <strata/pages/simulated_pages.hpp>
+
+#include <strata/pinned/host_pinning.hpp>
+#include <strata/pinned/pinned_host_pool.hpp>
+#include <strata/pinned/pinning_backend.hpp>
+#include <strata/pinned/simulated_pinning.hpp>
 
 #include <strata/policy/arena.hpp>
 #include <strata/policy/buddy_pool.hpp>

@@ -26,13 +26,16 @@ import warnings
 from . import _library, _stats
 from ._library import ConfigError, library_path
 from ._stats import format_bytes
+from . import pinned as pinned_module
+from .pinned import disable_pinned, empty_pinned, enable_pinned, pinned_stats
 from .sleep import current_tag, pause, release_backup, reserve_backup, resume, tag, tag_id, tag_stats
 
 __all__ = ["enable", "is_enabled", "backend", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
            "snapshot", "empty_cache", "record", "flush_record", "library_path", "validate", "hooks",
            "oom_raises_torch_error",
            "ConfigError", "format_bytes", "peak_ratio",
-           "tag", "tag_id", "current_tag", "pause", "resume", "reserve_backup", "release_backup", "tag_stats"]
+           "tag", "tag_id", "current_tag", "pause", "resume", "reserve_backup", "release_backup", "tag_stats",
+           "enable_pinned", "disable_pinned", "empty_pinned", "pinned_stats"]
 
 DEFAULT_CONF = "stack=default"
 BACKENDS = ("strata", "pluggable")
@@ -172,7 +175,7 @@ def _backend_installer(required):
     return install
 
 
-def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None):
+def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None, pinned=None):
     """Make strata the CUDA allocator of this whole process. Must run before the first CUDA allocation.
 
     conf: a configuration string ("stack=default,limit=0.9,record=trace.csv.gz"); None takes STRATA_ALLOC_CONF.
@@ -189,8 +192,11 @@ def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None):
     builds the backend cannot be built against: torch.cuda's statistics raise under it); None:
     STRATA_TORCH_BACKEND, else "strata" where the hooks library offers it, else "pluggable". backend() says
     which one is in use. Returns a StrataBackend, or the CUDAPluggableAllocator.
+    pinned: True also makes strata's pinned pool PyTorch's pinned-memory allocator (enable_pinned), first;
+    None: STRATA_TORCH_PINNED=1 in the environment means True.
     """
     global _enabled_conf
+    pinned_module.enable_pinned_from_env(pinned)
     if require_hooks is None:
         require_hooks = os.environ.get("STRATA_TORCH_REQUIRE_HOOKS", "1") != "0"
     backend = _chosen_backend(backend)

@@ -43,6 +43,7 @@ static_assert(cccl_both_generations<arena<device_source>, device_accessible>);
 static_assert(cccl_both_generations<size_class_pool<pinned_source>, device_accessible, host_accessible>);
 static_assert(cccl_both_generations<buddy_pool<managed_source>, device_accessible, host_accessible>);
 static_assert(cccl_both_generations<coalescing_pool<device_source>, device_accessible>);
+static_assert(cccl_both_generations<pinned_host_pool<>, host_accessible, device_accessible>);
 static_assert(!cccl::synchronous_resource_with<coalescing_pool<device_source>, host_accessible>);
 static_assert(cccl_async_both_generations<stream_ordered<coalescing_pool<device_source>>, device_accessible>);
 static_assert(!cccl::stream_resource<coalescing_pool<device_source>>);

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""strata's pinned pool as PyTorch's pinned-memory allocator, on the GPU machine, beside PyTorch's own.
+
+    python3 tests/device/torch/pinned_host.py [--scale 0.5] [--json FILE]
+
+Each part runs in a fresh process, once with PyTorch's allocator ("torch") and once after
+strata_torch.enable_pinned() ("strata"):
+  patterns  torch.empty(n, pin_memory=True) for the three patterns of bench/pinned_host.cu (same sizes):
+            held / requested from torch.cuda.host_memory_stats(), and the time to pin them;
+  routes    which PyTorch calls reach strata's pool: torch.empty(pin_memory=True), Tensor.pin_memory(),
+            DataLoader(pin_memory=True), a non_blocking copy's recorded use, torch.cuda.host_memory_stats(),
+            torch._C._host_emptyCache(), a CUDA graph capturing a copy from pinned memory;
+  offload   a training loop keeping its fp32 master weights and gradients in pinned memory (non_blocking copies
+            on a side stream): the losses must be equal under both allocators.
+Prints PASS/FAIL per check and "ALL PASSED" when every check passed; exits 1 otherwise.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def pattern(name, scale):
+    """The sizes of bench/pinned_host.cu's patterns (same formulas)."""
+    if name == "24x2.0832GiB":
+        return [int(2.0832 * GiB)] * round(24 * scale)
+    if name == "experts":
+        return [(20 * MiB + (i * 7919 % 1000) * 20971) & ~1 for i in range(round(512 * scale))]
+    return [int(2.0 ** (12.0 + 19.0 * math.fmod(i * 0.6180339887498949, 1.0))) for i in range(round(256 * scale))]
+
+
+def host_held(stats):
+    for key in ("allocated_bytes.current", "allocated_bytes.all.current"):
+        if key in stats:
+            return stats[key]
+    raise KeyError(f"no allocated_bytes key in torch.cuda.host_memory_stats(): {sorted(stats)}")
+
+
+def child_patterns(mode, scale):
+    import torch
+    if mode == "strata":
+        import strata_torch
+        strata_torch.enable_pinned()
+    torch.cuda.init()
+    result = {}
+    for name in ("24x2.0832GiB", "experts", "mixed"):
+        sizes = pattern(name, scale)
+        t0 = time.perf_counter()
+        buffers = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
+        seconds = time.perf_counter() - t0
+        held = host_held(torch.cuda.host_memory_stats())
+        entry = {"buffers": len(sizes), "requested": sum(sizes), "held": held, "seconds": seconds,
+                 "all_pinned": all(b.is_pinned() for b in buffers)}
+        if mode == "strata":
+            import strata_torch
+            entry["strata_pinned"] = strata_torch.pinned_stats().get("pinned", 0)
+        del buffers
+        torch._C._host_emptyCache()
+        result[name] = entry
+    return result
+
+
+def child_routes(mode):
+    import torch
+    import strata_torch
+    strata_torch.enable_pinned()
+    torch.cuda.init()
+    checks = {}
+    stats = strata_torch.pinned_stats
+
+    def blocks():
+        return stats().get("blocks", 0)
+
+    a = torch.empty(1000, pin_memory=True)
+    checks["torch.empty(pin_memory=True) reaches strata"] = a.is_pinned() and blocks() == 1
+    b = torch.randn(1000).pin_memory()
+    checks["Tensor.pin_memory() reaches strata"] = b.is_pinned() and blocks() == 2
+    from torch.utils.data import DataLoader, TensorDataset
+    loader = DataLoader(TensorDataset(torch.randn(64, 10)), batch_size=16, pin_memory=True)
+    batch = next(iter(loader))[0]
+    checks["DataLoader(pin_memory=True) reaches strata"] = batch.is_pinned() and blocks() >= 3
+    del loader
+    x = torch.full((4 * MiB,), 3.0, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        y = x.to("cuda", non_blocking=True)
+    recorded = stats().get("events_recorded", 0)
+    address = x.data_ptr()
+    del x  # freed while the copy may still run: an event on `side` guards it
+    checks["a non_blocking copy's use is recorded (event at free)"] = stats().get("events_recorded", 0) == recorded + 1
+    z = torch.empty(4 * MiB, pin_memory=True)
+    checks["a block a copy still reads is not handed out"] = z.data_ptr() != address or side.query()
+    side.synchronize()
+    checks["the copy read the right values"] = bool((y == 3.0).all().item())
+    host = torch.cuda.host_memory_stats()
+    checks["torch.cuda.host_memory_stats() reports strata's figures"] = host_held(host) == stats()["pinned"]
+    del a, b, batch, z
+    before = stats()["pinned"]
+    torch._C._host_emptyCache()
+    checks["torch._C._host_emptyCache() unpins strata's idle memory"] = stats()["pinned"] < before
+    h = torch.arange(1024, dtype=torch.float32).pin_memory()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            d = h.to("cuda", non_blocking=True) * 2
+        graph.replay()
+        torch.cuda.synchronize()
+        checks["a CUDA graph capturing a copy from pinned memory works"] = bool((d == torch.arange(1024, device="cuda") * 2).all().item())
+    except Exception as e:  # reported, not raised: the other checks still count
+        checks[f"a CUDA graph capturing a copy from pinned memory works ({type(e).__name__}: {e})"] = False
+    return {"checks": checks, "stats": stats()}
+
+
+def child_offload(mode):
+    import torch
+    if mode == "strata":
+        import strata_torch
+        strata_torch.enable_pinned()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    master = [p.detach().to("cpu").pin_memory() for p in model.parameters()]
+    grads = [torch.empty_like(m).pin_memory() for m in master]
+    side = torch.cuda.Stream()
+    data = torch.randn(64, 512, device="cuda")
+    target = torch.randint(0, 10, (64,), device="cuda")
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(50):
+        model.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        losses.append(loss.item())
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for g, p in zip(grads, model.parameters()):
+                g.copy_(p.grad, non_blocking=True)
+        side.synchronize()
+        for m, g in zip(master, grads):
+            m.add_(g, alpha=-0.05)
+        with torch.cuda.stream(side):
+            for m, p in zip(master, model.parameters()):
+                p.data.copy_(m, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(side)
+        staged = torch.empty(64 * 512, pin_memory=True)  # a pinned buffer per step, freed at once
+        del staged
+    torch.cuda.synchronize()
+    return {"losses": losses, "seconds": time.perf_counter() - t0}
+
+
+def run_child(*args):
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    args = sys.argv[1:]
+    if args and args[0] == "--child":
+        kind, mode = args[1], args[2]
+        if kind == "patterns":
+            print(json.dumps(child_patterns(mode, float(args[3]))))
+        elif kind == "routes":
+            print(json.dumps(child_routes(mode)))
+        else:
+            print(json.dumps(child_offload(mode)))
+        return 0
+    scale = float(args[args.index("--scale") + 1]) if "--scale" in args else 0.5
+    json_path = args[args.index("--json") + 1] if "--json" in args else None
+    report = {"scale": scale}
+    failed = 0
+
+    def check(name, ok, detail=""):
+        nonlocal failed
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {name}{(': ' + detail) if detail else ''}", flush=True)
+
+    for mode in ("torch", "strata"):
+        report[f"patterns_{mode}"] = run_child("patterns", mode, str(scale))
+    print(f"\nheld / requested, torch.empty(n, pin_memory=True), scale {scale}")
+    print(f"{'pattern':<16} {'buffers':>8} {'GiB asked':>10} {'torch':>8} {'strata':>8} {'torch s':>9} {'strata s':>9}")
+    for name in ("24x2.0832GiB", "experts", "mixed"):
+        t, s = report["patterns_torch"].get(name), report["patterns_strata"].get(name)
+        if t is None or s is None:
+            check(f"pattern {name} ran", False, str(report["patterns_torch"].get("error") or report["patterns_strata"].get("error")))
+            continue
+        print(f"{name:<16} {s['buffers']:>8} {s['requested'] / GiB:>10.2f} {t['held'] / t['requested']:>8.3f} "
+              f"{s['held'] / s['requested']:>8.4f} {t['seconds']:>9.2f} {s['seconds']:>9.2f}")
+        check(f"strata held / requested <= 1.02 on {name}", s["held"] / s["requested"] <= 1.02,
+              f"{s['held'] / s['requested']:.4f} (PyTorch {t['held'] / t['requested']:.3f})")
+        check(f"host_memory_stats equals strata's own figure on {name}", s["held"] == s.get("strata_pinned"))
+    routes = run_child("routes", "strata")
+    report["routes"] = routes
+    if "error" in routes:
+        check("routes ran", False, routes["error"])
+    else:
+        for name, ok in routes["checks"].items():
+            check(name, ok)
+    offload = {mode: run_child("offload", mode) for mode in ("torch", "strata")}
+    report["offload"] = offload
+    if any("error" in o for o in offload.values()):
+        check("offload ran", False, str([o.get("error") for o in offload.values()]))
+    else:
+        check("offload training: equal losses under both allocators", offload["torch"]["losses"] == offload["strata"]["losses"])
+        check("offload training: strata no slower than 1.1x PyTorch's", offload["strata"]["seconds"] <= 1.1 * offload["torch"]["seconds"],
+              f"{offload['strata']['seconds']:.3f} s vs {offload['torch']['seconds']:.3f} s")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    print("ALL PASSED" if failed == 0 else f"{failed} FAILED")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
