@@ -27,6 +27,7 @@
 #include <strata/source/simulated_source.hpp>
 #include <strata/stream/simulated_streams.hpp>
 #include <strata/stream/stream_ordered.hpp>
+#include "fuzz/adversarial_source.hpp"
 #include "support/invariants.hpp"
 #include "support/spy.hpp"
 
@@ -184,6 +185,88 @@ TEST_CASE("limit: an alignment the upstream cannot honour is its invalid_argumen
   CHECK(is_aligned(p, 4096));
   classes.deallocate(p, 100, 4096);
   CHECK(classes.bytes_in_use() == 0);
+}
+
+namespace {
+
+using aligned_256 = ref<testing::adversarial_source>;  // aligns to exactly 256 bytes, as CUDA's sources do
+using capped_pool = coalescing_pool<aligned_256>;
+
+capped_pool capped(testing::adversarial_source& up, std::size_t max_reserved)
+{
+  return capped_pool(aligned_256(up), {.max_reserved = max_reserved});
+}
+
+/// Over an upstream of `capacity` that aligns to 256 bytes, a box capped at 64 MiB: an alignment of 128 MiB
+/// can never be honoured (std::invalid_argument, from allocate(0, a) too), one of 32 MiB can (its slack fits
+/// under the cap) but not while the upstream has under 48 MiB to give (out_of_memory). Nothing moves.
+template <class Box>
+void says_what_the_pool_says(Box& box, testing::adversarial_source& up)
+{
+  const std::size_t held = up.live_bytes();
+  CHECK_THROWS_WITH_AS(box.allocate(1 << 20, std::size_t{128} << 20), doctest::Contains("coalescing_pool"), std::invalid_argument);
+  CHECK_THROWS_AS(box.allocate(0, std::size_t{128} << 20), std::invalid_argument);
+  CHECK(box.allocate(0, std::size_t{32} << 20) == nullptr);
+  CHECK_THROWS_AS(box.allocate(std::size_t{16} << 20, std::size_t{32} << 20), out_of_memory);
+  CHECK(up.live_bytes() == held);
+}
+
+} // namespace
+
+TEST_CASE("an alignment no chunk can honour is invalid_argument in every composition; one that does not fit now, out_of_memory")
+{
+  constexpr std::size_t cap = std::size_t{64} << 20, capacity = std::size_t{40} << 20;
+  std::size_t compositions = 0;
+  {
+    testing::adversarial_source up(capacity);
+    capped_pool pool = capped(up, cap);
+    CHECK(pool.largest_alignment() == cap);
+    says_what_the_pool_says(pool, up);
+    ++compositions;
+  }
+  {
+    testing::adversarial_source up(capacity);
+    limit<capped_pool> box{capped(up, cap), std::size_t{1} << 30};
+    says_what_the_pool_says(box, up);
+    ++compositions;
+  }
+  {
+    testing::adversarial_source up(capacity);
+    retry_on_oom<capped_pool> box{capped(up, cap), [](std::size_t, int) { return false; }};
+    says_what_the_pool_says(box, up);
+    ++compositions;
+  }
+  {
+    testing::adversarial_source up(capacity), other(capacity);
+    fallback<capped_pool, capped_pool> box{capped(up, cap), capped(other, cap)};
+    says_what_the_pool_says(box, up);
+    CHECK(other.live_bytes() == 0);
+    ++compositions;
+  }
+  {
+    // The stream layer, with the lone owner's recent frees kept, asked by a stream it has not seen: the
+    // alignment is refused before that stream's arrival hands the recent frees back.
+    testing::adversarial_source up(capacity);
+    simulated_streams world;
+    stream_ordered<capped_pool, simulated_events>::options opts{};
+    opts.reuse_recent_frees = true;
+    stream_ordered<capped_pool, simulated_events> box{capped(up, cap), opts, simulated_events(world)};
+    const cuda::stream_ref a = world.create(), b = world.create();
+    box.deallocate_async(box.allocate_async(4096, 256, a), 4096, 256, a);
+    REQUIRE(box.cached_blocks() == 1);
+    const std::size_t held = up.live_bytes();
+    CHECK_THROWS_AS(box.allocate_async(1 << 20, std::size_t{128} << 20, b), std::invalid_argument);
+    CHECK_THROWS_AS(box.allocate(1 << 20, std::size_t{128} << 20), std::invalid_argument);  // the legacy stream
+    CHECK_THROWS_AS(box.allocate(0, std::size_t{128} << 20), std::invalid_argument);
+    CHECK(box.cached_blocks() == 1);  // still the owner's, unmerged
+    CHECK(box.streams_tracked() == 1);
+    CHECK(up.live_bytes() == held);
+    // Out of memory may hand idle memory back on the way (docs/architecture.md): it is still out_of_memory.
+    CHECK_THROWS_AS(box.allocate_async(std::size_t{16} << 20, std::size_t{32} << 20, b), out_of_memory);
+    CHECK(up.live_bytes() <= held);
+    ++compositions;
+  }
+  CHECK(compositions == 5);
 }
 
 namespace {

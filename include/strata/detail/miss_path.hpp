@@ -51,10 +51,7 @@ protected:
     auto& m_ = m();
     if (!capture_checked && l().checks_capture() && l().captures(stream)) l().refuse_capture("an allocation missed its stream's cache");
     ++m_.stats.misses;
-    // An alignment the policy cannot honour is refused before any cached block goes back (allocate(0, a)
-    // checks the alignment and does nothing else), so that the refused call changes nothing.
-    (void)m_.policy.allocate(0, sh.align);
-    l().give_back_recent();  // before the policy is made safe for this stream: they are the owner's frees
+    l().give_back_recent();  // the alignment was checked first (refuse_alignment_first): nothing is refused now  // before the policy is made safe for this stream: they are the owner's frees
     if (m_.ledger.pending() > 0) {  // other streams keep their blocks until the policy would grow (docs/architecture.md)
       l().reap_owner();
       reap(s);

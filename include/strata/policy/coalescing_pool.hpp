@@ -38,7 +38,7 @@ namespace strata {
 /// pool hands wholly free chunks back. Block headers live in host memory.
 ///
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the upstream's properties.
-/// Any power-of-two alignment up to max(max_chunk, 1 GiB). Cost: O(1) allocate and free (bit scans, a scan
+/// Any power-of-two alignment up to largest_alignment(). Cost: O(1) allocate and free (bit scans, a scan
 /// of at most `exact_fit_scan` blocks of one list, a hash lookup by address), no lock; an upstream call
 /// only to grow (after handing back the wholly free chunks, one call each) or release. Strong guarantee:
 /// after any exception (the upstream out of memory, or a host std::bad_alloc in the bookkeeping) the pool
@@ -100,7 +100,7 @@ public:
 
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment)
   {
-    check_alignment("coalescing_pool", alignment, std::max({opts_.max_chunk, std::size_t{1} << 30, default_alignment}));
+    check_alignment("coalescing_pool", alignment, largest_alignment());
     if (bytes == 0) return nullptr;
     if (bytes > max_request) throw_oom(bytes);
     const std::size_t align = effective_alignment(alignment);
@@ -181,6 +181,16 @@ public:
     }
     if (chunks_.empty()) next_chunk_ = first_chunk();
     return returned;
+  }
+
+  /// The largest alignment any request can get; a larger one is std::invalid_argument, never out_of_memory
+  /// (docs/architecture.md, Note [Alignments no chunk can honour]): max(max_chunk, 1 GiB), and where the
+  /// upstream aligns less than that, no more than a chunk within max_reserved has room to align to.
+  std::size_t largest_alignment() const noexcept
+  {
+    const std::size_t by_design = std::max({opts_.max_chunk, std::size_t{1} << 30, default_alignment});
+    if (opts_.max_reserved >= by_design || max_alignment_of<Upstream> >= by_design) return by_design;
+    return std::max(max_alignment_of<Upstream>, std::bit_floor(opts_.max_reserved));
   }
 
   /// The bytes of the wholly free chunks: what release() would hand back. O(1).

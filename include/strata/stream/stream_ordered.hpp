@@ -378,6 +378,7 @@ private:
   /// `capture_checked`: the caller already asked whether the stream captures (once per call is enough).
   void* allocate_on(const shape& sh, cuda::stream_ref stream, std::uint64_t id, bool for_host, bool capture_checked = false)
   {
+    refuse_alignment_first(sh);
     stream_state& s = state_of(id, stream);
     if (node* n = s.oldest != nullptr ? s.take(sh.key, sh.tag) : nullptr) {
       if (for_host) {
@@ -506,13 +507,20 @@ private:
     if (!m_.recent.empty()) m_.recent.give_back_all([this](void* q, std::size_t request, std::size_t align) { policy_free(q, request, align); });
   }
   /// The same before the policy is asked for `sh`, so they merge before it places the request, as without the
-  /// layer; an alignment the policy may refuse is refused first (allocate(0, a) checks it and does nothing
-  /// else; every policy honours the default), so that the refused call changes nothing.
+  /// layer; an alignment the policy may refuse is refused first, so that the refused call changes nothing.
   void give_back_recent_for(const shape& sh)
   {
     if (m_.recent.empty()) return;
-    if (sh.align > default_alignment) (void)m_.policy.allocate(0, sh.align);
+    refuse_alignment_first(sh);
     give_back_recent();
+  }
+  /// An alignment the policy cannot honour is refused before the call changes anything (a new stream sharing
+  /// the layer gives the recent frees back; a miss returns cached blocks): allocate(0, a) checks the alignment
+  /// and does nothing else, and every policy honours the default (docs/architecture.md, Note [Alignments no
+  /// chunk can honour]).
+  void refuse_alignment_first(const shape& sh)
+  {
+    if (sh.align > default_alignment) [[unlikely]] (void)m_.policy.allocate(0, sh.align);
   }
 
   void* hand_out(node* n) noexcept
