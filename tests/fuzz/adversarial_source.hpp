@@ -7,6 +7,7 @@
 // Its memory is address space that is never backed (simulated_source), so a policy that touches it faults.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -54,8 +55,12 @@ public:
     }
     live_bytes_ -= bytes;
     chunks_.erase(it);
+    if (on_return) on_return(reinterpret_cast<std::uintptr_t>(p), bytes);
     space_.deallocate(static_cast<std::byte*>(p) - default_alignment, bytes + default_alignment, 2 * default_alignment);
   }
+
+  /// Told of every chunk taken back (the fuzzer's stream model forgets what was freed there).
+  std::function<void(std::uintptr_t, std::size_t)> on_return;
 
   /// The next `calls` allocations are refused with out_of_memory, whatever room there is.
   void refuse_next(unsigned calls) noexcept { refuse_next_ = calls; }

@@ -8,7 +8,11 @@
 // - a bad alignment is std::invalid_argument (never out_of_memory, never a pointer);
 // - release() with nothing live hands everything back to the upstream;
 // - a move leaves the moved-from box empty and usable, a move assignment returns the assigned-to box's memory;
-// - the upstream never sees a foreign, double or wrongly sized free.
+// - the upstream never sees a foreign, double or wrongly sized free;
+// - memory is never handed out while work queued before its free may still use it: a block returned by
+//   allocate_async on stream t only where every stream whose queued work could still touch the memory is t
+//   itself, has completed that work, or t was made to wait for it; a block returned by a synchronous allocate
+//   (ready for the host and every stream) only once that work has completed (stream_safety below).
 // Every choice comes from an `entropy`: a seeded generator, or the bytes of a libFuzzer input.
 #include <algorithm>
 #include <cstddef>
@@ -113,6 +117,101 @@ struct live {
 
 } // namespace fuzz_detail
 
+/// The fuzzer's model of who may still touch freed memory. Each freed range carries a fence: for each stream,
+/// the work queued on it before the free (an allocate_async'd block's free: its own stream after its last use;
+/// a synchronous free: every stream's queued work, as cudaFree waits for it all). A range handed out again is
+/// checked against its fence and leaves the model; a range the upstream takes back leaves it too (a source's
+/// free is the source's to order: cudaFree waits for the device).
+class stream_safety {
+public:
+  explicit stream_safety(simulated_streams& world) : world_(&world) {}
+
+  /// The range [p, p + bytes) was freed on `stream`, after the work queued on it so far.
+  void freed_on(std::uintptr_t p, std::size_t bytes, cuda::stream_ref stream)
+  {
+    const std::uint64_t id = world_->id_of(stream);
+    add(p, bytes, {{id, world_->enqueued(id)}});
+  }
+  /// The range was freed synchronously: every stream's queued work may still use it.
+  void freed_everywhere(std::uintptr_t p, std::size_t bytes, std::span<const cuda::stream_ref> streams)
+  {
+    std::vector<entry> fence;
+    const auto note = [&](std::uint64_t id) {
+      if (world_->completed(id) < world_->enqueued(id)) fence.push_back({id, world_->enqueued(id)});
+    };
+    note(world_->id_of(simulated_streams::legacy()));
+    for (const auto s : streams) note(world_->id_of(s));
+    add(p, bytes, std::move(fence));
+  }
+
+  /// Checks a hand-out of [p, p + bytes) to `stream` (`for_host`: to the host and every stream) and forgets the
+  /// fences over it; returns what was unsafe, or an empty string.
+  std::string handed_out(std::uintptr_t p, std::size_t bytes, cuda::stream_ref stream, bool for_host)
+  {
+    const std::uint64_t taker = for_host ? no_stream : world_->id_of(stream);
+    std::string unsafe;
+    auto it = first_overlapping(p);
+    while (it != ranges_.end() && it->first < p + bytes) {
+      for (const entry& e : it->second.fence) {
+        if (!unsafe.empty() || world_->completed(e.stream) >= e.ticket) continue;
+        if (taker == e.stream || (taker != no_stream && world_->ordered_after(taker, e.stream) >= e.ticket)) continue;
+        unsafe = "memory freed on stream " + std::to_string(e.stream) + " after its work " + std::to_string(e.ticket) +
+                 " (completed: " + std::to_string(world_->completed(e.stream)) + ") handed out " +
+                 (for_host ? std::string("to the host") : "to stream " + std::to_string(taker));
+      }
+      it = clip(it, p, p + bytes);
+    }
+    return unsafe;
+  }
+  /// The upstream took [p, p + bytes) back.
+  void returned(std::uintptr_t p, std::size_t bytes)
+  {
+    auto it = first_overlapping(p);
+    while (it != ranges_.end() && it->first < p + bytes) it = clip(it, p, p + bytes);
+  }
+  /// Every stream's work completed: no fence can bind.
+  void all_complete() noexcept { ranges_.clear(); }
+  std::size_t checked() const noexcept { return checked_; }
+
+private:
+  static constexpr std::uint64_t no_stream = ~std::uint64_t{0};
+  struct entry {
+    std::uint64_t stream, ticket;
+  };
+  struct range {
+    std::uintptr_t end;
+    std::vector<entry> fence;
+  };
+  using map = std::map<std::uintptr_t, range>;
+
+  void add(std::uintptr_t p, std::size_t bytes, std::vector<entry> fence)
+  {
+    if (bytes == 0 || fence.empty()) return;
+    ++checked_;
+    ranges_[p] = range{p + bytes, std::move(fence)};  // disjoint: the range was live, so cut out of every fence
+  }
+  map::iterator first_overlapping(std::uintptr_t p)
+  {
+    auto it = ranges_.upper_bound(p);
+    if (it != ranges_.begin() && std::prev(it)->second.end > p) return std::prev(it);
+    return it;
+  }
+  /// Cuts [lo, hi) out of the range at `it`; returns the next range.
+  map::iterator clip(map::iterator it, std::uintptr_t lo, std::uintptr_t hi)
+  {
+    const std::uintptr_t start = it->first;
+    range r = std::move(it->second);
+    it = ranges_.erase(it);
+    if (r.end > hi) it = ranges_.emplace_hint(it, hi, range{r.end, r.fence});
+    if (start < lo) ranges_.emplace_hint(it, start, range{lo, std::move(r.fence)});
+    return it;
+  }
+
+  simulated_streams* world_;
+  map ranges_;
+  std::size_t checked_ = 0;
+};
+
 /// Runs `cfg.operations` random steps (or until the input ends) on the stack `make(world)` builds.
 /// A call refused for bad input changes nothing. One refused for want of memory changes no figure but two
 /// documented ones, which may only fall: a mapped_pool hands idle
@@ -133,6 +232,8 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   simulated_devices devices(2);
   fuzz_hooks hooks;
   fuzz_world w{upstream, world, devices, hooks};
+  stream_safety safety(world);
+  upstream.on_return = [&safety](std::uintptr_t p, std::size_t bytes) { safety.returned(p, bytes); };
 
   // Boxes live on the heap, not in std::optional: optional asks whether a box is default-constructible,
   // which for some stacks is not a question a compiler may answer.
@@ -140,6 +241,9 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   Stack* stack = slot_a.get();
   std::map<std::uintptr_t, live> blocks;
   std::vector<cuda::stream_ref> streams{world.create(), world.create(), world.create()};
+  // A third of the runs also call on the legacy default stream (a permanent stream: its owner frees carry no
+  // event), first, so that a one-stream run is then the legacy stream's alone.
+  if (rnd.chance(33)) streams.insert(streams.begin(), simulated_streams::legacy());
   // A quarter of the runs make every call on one stream, so that its owner keeps stream_ordered to itself
   // (the lone owner's short path where capture checks are off); the rest spread their calls over three.
   const bool one_stream = rnd.chance(25);
@@ -157,16 +261,24 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   };
   auto held = [&] { return upstream.live_bytes(); };
   auto free_block = [&](std::map<std::uintptr_t, live>::iterator it) {
-    void* p = reinterpret_cast<void*>(it->first);
+    const std::uintptr_t it_address = it->first;
+    void* p = reinterpret_cast<void*>(it_address);
     const live b = it->second;
     blocks.erase(it);
     if constexpr (stream_ordered_calls<Stack>) {
-      if (b.on_stream) {
-        world.launch(b.stream);  // the block's last use, queued before its free
-        stack->deallocate_async(p, b.bytes, b.alignment, b.stream);
+      // Mostly freed the way it was allocated; sometimes a stream's block is freed synchronously, or a
+      // synchronous block is used and freed on a stream.
+      const bool crossed = rnd.chance(10);
+      if (b.on_stream != crossed) {
+        const cuda::stream_ref on = b.on_stream ? b.stream : streams[rnd.below(streams.size())];
+        world.launch(on);  // the block's last use, queued before its free
+        safety.freed_on(it_address, b.bytes, on);
+        stack->deallocate_async(p, b.bytes, b.alignment, on);
         return;
       }
+      if (b.on_stream) world.launch(b.stream);
     }
+    safety.freed_everywhere(it_address, b.bytes, streams);
     stack->deallocate(p, b.bytes, b.alignment);
   };
   hooks.on_oom = [&](std::size_t) {
@@ -282,6 +394,8 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     if (next != blocks.end() && next->first < a + bytes) fail(described() + " overlaps a live block of " + std::to_string(next->second.bytes) + " bytes");
     if (next != blocks.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a)
       fail(described() + " lies inside a live block of " + std::to_string(std::prev(next)->second.bytes) + " bytes");
+    if (const std::string unsafe = safety.handed_out(a, bytes, s, !on_stream); !unsafe.empty())
+      fail(described() + (on_stream ? " on a stream: " : " (synchronous): ") + unsafe);
     blocks[a] = live{bytes, alignment, good_size_of(bytes, alignment), s, on_stream};
     ++report.allocations;
   };
@@ -291,6 +405,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     ++report.drains;
     if constexpr (can_release<Stack>) {
       world.finish_all();
+      safety.all_complete();
       stack->release();
       if (held() != 0) fail("release() with nothing live left " + std::to_string(held()) + " bytes at the upstream");
       if constexpr (reports_usage<Stack>) {
@@ -341,7 +456,10 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     else if (r < 30) {
       if constexpr (stream_ordered_calls<Stack>) {
         if (r < 15) world.finish(streams[rnd.below(streams.size())]);
-        else if (r < 18) world.finish_all();
+        else if (r < 18) {
+          world.finish_all();
+          safety.all_complete();
+        }
         else world.launch(streams[rnd.below(streams.size())]);
       }
     } else if (blocks.size() < cfg.max_live && (blocks.empty() || rnd.chance(55))) {

@@ -81,6 +81,30 @@ auto leaf()
   return [](fuzz_world& w) { return policy<P>(w); };
 }
 
+/// stream_ordered that never asks whether a stream captures (the fuzzer announces no capture, and so may
+/// turn the check off): while one stream has it alone, its calls take the lone owner's short path.
+template <class Make>
+auto so_unchecked_of(Make m)
+{
+  return [m](fuzz_world& w) {
+    using In = decltype(m(w));
+    typename so<In>::options opts{};
+    opts.check_capture = false;
+    return so<In>(m(w), opts, simulated_events(w.streams));
+  };
+}
+/// stream_ordered keeping the lone owner's recent frees for its next allocations of their shape.
+template <class Make>
+auto so_recent_of(Make m, bool check_capture)
+{
+  return [m, check_capture](fuzz_world& w) {
+    using In = decltype(m(w));
+    typename so<In>::options opts{};
+    opts.check_capture = check_capture;
+    opts.reuse_recent_frees = true;
+    return so<In>(m(w), opts, simulated_events(w.streams));
+  };
+}
 /// fallback / segregator over what two makers build.
 template <template <class, class> class Two, class A, class B>
 auto pair(A a, B b)

@@ -16,30 +16,6 @@ auto so_of(Make m)
 {
   return wrap<so<decltype(m(std::declval<fuzz_world&>()))>>(m);
 }
-/// stream_ordered that never asks whether a stream captures (the fuzzer announces no capture, and so may
-/// turn the check off): while one stream has it alone, its calls take the lone owner's short path.
-template <class Make>
-auto so_unchecked_of(Make m)
-{
-  return [m](fuzz_world& w) {
-    using In = decltype(m(w));
-    typename so<In>::options opts{};
-    opts.check_capture = false;
-    return so<In>(m(w), opts, simulated_events(w.streams));
-  };
-}
-/// stream_ordered keeping the lone owner's recent frees for its next allocations of their shape.
-template <class Make>
-auto so_recent_of(Make m, bool check_capture)
-{
-  return [m, check_capture](fuzz_world& w) {
-    using In = decltype(m(w));
-    typename so<In>::options opts{};
-    opts.check_capture = check_capture;
-    opts.reuse_recent_frees = true;
-    return so<In>(m(w), opts, simulated_events(w.streams));
-  };
-}
 template <template <class> class Box, class Make>
 auto box(Make m)
 {
@@ -55,8 +31,6 @@ const bool registered = [] {
   add("segregator<1 MiB, buddy_pool, mapped_pool>", split_at<(1 << 20)>(buddy, mapped));
   add("segregator<4096, stream_ordered<size_class_pool>, stream_ordered<coalescing_pool>>", split_at<4096>(so_of(size_class), so_of(coalescing)));
   add("stream_ordered<stream_ordered<coalescing_pool>>", so_of(so_of(coalescing)));
-  add("stream_ordered<mapped_pool>{check_capture=false}", so_unchecked_of(mapped));
-  add("stream_ordered<coalescing_pool>{check_capture=false}", so_unchecked_of(coalescing));
   add("statistics<stream_ordered<size_class_pool>{check_capture=false}>", box<statistics>(so_unchecked_of(size_class)));
   add("stream_ordered<mapped_pool>{reuse_recent_frees}", so_recent_of(mapped, true));
   add("checked<stream_ordered<coalescing_pool>{reuse_recent_frees, check_capture=false}>", box<checked>(so_recent_of(coalescing, false)));

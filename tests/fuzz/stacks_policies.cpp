@@ -19,6 +19,8 @@ bool add_policy_with_adaptors(const std::string& name)
   add(("synchronized<" + name + ">").c_str(), wrap<synchronized<In>>(p));
   add(("thread_cached<" + name + ">").c_str(), wrap<thread_cached<In>>(p));
   add(("stream_ordered<" + name + ">").c_str(), wrap<so<In>>(p));
+  add(("stream_ordered<" + name + ">{check_capture=false}").c_str(), so_unchecked_of(p));  // the lone owner's short path
+  add(("stream_ordered<" + name + ">{reuse_recent_frees, check_capture=false}").c_str(), so_recent_of(p, false));
   return true;
 }
 
