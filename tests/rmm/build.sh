@@ -29,4 +29,6 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   -DCMAKE_PREFIX_PATH="$root/.whl/librmm/lib64/cmake;$root/.whl/rapids_logger/lib64/cmake;$root/.whl/librmm/lib64/rapids/cmake"
 "$cmake_bin" --build "$root/.rmm_tests/build" -j"${JOBS:-2}"
 (cd "$root/.rmm_tests/build" && "${cmake_bin%cmake}ctest" --output-on-failure -R abi_guard_mismatch)
+cp "$src/RMM_COMMIT" "$root/.rmm_tests/build/RMM_COMMIT"
+cp "$root/.whl/librmm/VERSION" "$root/.rmm_tests/build/RMM_VERSION"
 du -sh "$root/.rmm_tests/build/bin"
