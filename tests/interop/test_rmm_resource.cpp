@@ -13,6 +13,7 @@
 
 #include <cuda/memory_resource>
 
+#include <strata/adaptor/checked.hpp>
 #include <strata/adaptor/statistics.hpp>
 #include <strata/interop/rmm_resource.hpp>
 #include <strata/policy/coalescing_pool.hpp>
@@ -170,6 +171,29 @@ TEST_CASE("rmm_resource: out of memory leaves as the installed kind, and leaves 
   }
   CHECK_THROWS_AS((void)r.allocate_sync(256, 3), std::invalid_argument);  // not out of memory: not translated
   testing::check_still_usable(r);
+}
+
+TEST_CASE("rmm_resource: a free the checked stack refuses fails the next allocation, and loses nothing")
+{
+  simulated_streams world;
+  using debugged = checked<stack>;
+  rmm_resource r(debugged(make_stack(world)));
+  void* p = r.allocate_sync(1000, 256);
+  int not_from_it = 0;
+  r.deallocate_sync(&not_from_it, 4, 256);  // noexcept: refused, kept
+  r.deallocate(cuda::stream_ref{cudaStream_t{}}, p, 1000, 256);
+  r.deallocate(cuda::stream_ref{cudaStream_t{}}, p, 1000, 256);  // a double free: refused as well
+  try {
+    (void)r.allocate_sync(64, 256);
+    FAIL("an allocation after a refused free succeeded");
+  } catch (const usage_error& e) {
+    CHECK(std::string(e.what()).find("refused") != std::string::npos);
+  }
+  // The report is given once; the stack is as before the refused frees: nothing live, usable.
+  void* q = r.allocate_sync(64, 256);
+  CHECK(q != nullptr);
+  r.deallocate_sync(q, 64, 256);
+  CHECK(r.with_stack<debugged>([](debugged& s) { return s.upstream().usage().in_use; }) == 0);
 }
 
 TEST_CASE("rmm_resource: several threads at once on an unsynchronized stack")

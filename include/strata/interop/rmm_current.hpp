@@ -34,6 +34,8 @@ struct rmm_cccl_mismatch_this_unit_vs_librmm {
 static_assert(rmm_cccl_mismatch_this_unit_vs_librmm<CCCL_VERSION, STRATA_RMM_BUILT_WITH_CCCL>::same);
 } // namespace strata::detail
 
+#include <string>
+
 #include <rmm/cuda_device.hpp>
 #include <rmm/error.hpp>
 #include <rmm/mr/per_device_resource.hpp>
@@ -45,12 +47,16 @@ static_assert(rmm_cccl_mismatch_this_unit_vs_librmm<CCCL_VERSION, STRATA_RMM_BUI
 namespace strata {
 
 namespace detail {
-[[noreturn]] inline void rethrow_as_rmm(const out_of_memory& e) { throw rmm::out_of_memory(e.what()); }
+/// RMM's own messages for this error begin with its name, and RMM's callers (its tests among them) look for it.
+[[noreturn]] inline void rethrow_as_rmm(const out_of_memory& e)
+{
+  throw rmm::out_of_memory(("out_of_memory: " + std::string(e.what())).c_str());
+}
 inline bool rmm_exiting() noexcept { return rmm::process_is_exiting(); }
 } // namespace detail
 
-/// Prepares r for RMM: its out_of_memory becomes rmm::out_of_memory (what RMM's callers catch, with strata's
-/// message), and it consults rmm::process_is_exiting for Note [exit]. Returns r. Cost: two atomic stores.
+/// Prepares r for RMM: its out_of_memory becomes rmm::out_of_memory (what RMM's callers catch; the message is
+/// "out_of_memory: " and strata's), and it consults rmm::process_is_exiting for Note [exit]. Returns r. Cost: two atomic stores.
 inline rmm_resource as_rmm(rmm_resource r)
 {
   r.translate_out_of_memory(&detail::rethrow_as_rmm);
@@ -71,7 +77,7 @@ inline cuda::mr::any_resource<cuda::mr::device_accessible> make_current_rmm(rmm_
 
 /// The same for a stack given directly (moved in; serialized by rmm_resource's lock).
 template <class Stack>
-  requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && stream_resource<std::remove_cvref_t<Stack>>
+  requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && rmm_stack<std::remove_cvref_t<Stack>>
 cuda::mr::any_resource<cuda::mr::device_accessible> make_current_rmm(Stack&& stack, int device = -1)
 {
   return make_current_rmm(rmm_resource(std::forward<Stack>(stack)), device);

@@ -16,6 +16,7 @@
 // undestroyed when its last owner goes away during process exit (the operating system reclaims the memory),
 // and destroyed normally at any other time.
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdlib>
 #include <memory>
@@ -49,6 +50,18 @@ struct stack_is_thread_safe_t {
 };
 inline constexpr stack_is_thread_safe_t stack_is_thread_safe{};
 
+/// What rmm_resource takes: a stream-ordered, device-accessible stack. Its frees may throw (checked<...>):
+/// rmm_resource's frees stay noexcept, as CCCL and RMM require, and report what they catch on the next
+/// allocation (Note [refused frees]).
+template <class S>
+concept rmm_stack = has_property<S, device_accessible> &&
+                    requires(S& s, void* p, std::size_t n, std::size_t a, cuda::stream_ref stream) {
+                      { s.allocate(n, a) } -> std::same_as<void*>;
+                      s.deallocate(p, n, a);
+                      { s.allocate_async(n, a, stream) } -> std::same_as<void*>;
+                      s.deallocate_async(p, n, a, stream);
+                    };
+
 namespace detail {
 
 /// Set once exit() has begun (Note [exit]); an atexit handler registered when the first rmm_resource is made.
@@ -79,6 +92,35 @@ struct rmm_shared {
   explicit rmm_shared(bool lock) : locks(lock) {}
   std::mutex mutex;
   const bool locks;
+
+  /// Note [refused frees]: a free the stack refused (checked<...> reporting a foreign pointer or a double
+  /// free) cannot leave a noexcept free; it is kept here and thrown by the next allocation, as a usage_error
+  /// naming the free. The stack refused it before changing anything, so nothing is lost.
+  void refused(const char* what) noexcept
+  {
+    try {
+      std::lock_guard<std::mutex> lock(refused_mutex);
+      if (refused_what.empty()) refused_what = what;
+    } catch (...) {
+      // No room for the text: the flag alone still fails the next allocation.
+    }
+    has_refused.store(true, std::memory_order_release);
+  }
+  void throw_if_refused()
+  {
+    if (!has_refused.load(std::memory_order_acquire)) return;
+    std::string what;
+    {
+      std::lock_guard<std::mutex> lock(refused_mutex);
+      what.swap(refused_what);
+      has_refused.store(false, std::memory_order_release);
+    }
+    throw usage_error("rmm_resource: a free through RMM was refused by the stack: " +
+                      (what.empty() ? std::string("(no message)") : what));
+  }
+  std::atomic<bool> has_refused{false};
+  std::mutex refused_mutex;
+  std::string refused_what;
   /// Rethrows strata's out_of_memory as the caller's own kind (rmm::out_of_memory under rmm_current.hpp).
   std::atomic<void (*)(const out_of_memory&)> translate_out_of_memory{nullptr};
   /// A second opinion on "the process is exiting" (rmm::process_is_exiting under rmm_current.hpp).
@@ -111,6 +153,7 @@ struct rmm_holder final : rmm_shared {
   template <class F>
   void* allocating(F&& f)
   {
+    throw_if_refused();
     try {
       guard g(*this);
       return f();
@@ -124,10 +167,28 @@ struct rmm_holder final : rmm_shared {
   {
     return allocating([&] { return box.allocate_async(bytes, alignment, stream); });
   }
-  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment) noexcept override
+  template <class F>
+  void freeing(F&& f) noexcept
   {
     guard g(*this);
-    box.deallocate_async(p, bytes, alignment, stream);
+    if constexpr (noexcept(f())) {
+      f();
+    } else {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        refused(e.what());
+      } catch (...) {
+        refused("an exception that is not a std::exception");
+      }
+    }
+  }
+
+  void deallocate(cuda::stream_ref stream, void* p, std::size_t bytes, std::size_t alignment) noexcept override
+  {
+    freeing([&]() noexcept(noexcept(box.deallocate_async(p, bytes, alignment, stream))) {
+      box.deallocate_async(p, bytes, alignment, stream);
+    });
   }
   void* allocate_sync(std::size_t bytes, std::size_t alignment) override
   {
@@ -135,8 +196,7 @@ struct rmm_holder final : rmm_shared {
   }
   void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment) noexcept override
   {
-    guard g(*this);
-    box.deallocate(p, bytes, alignment);
+    freeing([&]() noexcept(noexcept(box.deallocate(p, bytes, alignment))) { box.deallocate(p, bytes, alignment); });
   }
   const std::type_info& type() const noexcept override { return typeid(Stack); }
   void* stack() noexcept override { return &box; }
@@ -164,11 +224,13 @@ inline namespace STRATA_RMM_ABI_NAMESPACE {
 /// destroyed with the last copy (except during process exit: Note [exit]). Equal when they share one stack.
 /// RMM calls its current resource from any thread, so every call takes a lock shared by all copies, unless the
 /// stack was handed over with stack_is_thread_safe. Out of memory is strata::out_of_memory (rmm::out_of_memory
-/// once rmm_current.hpp installed it). Not move-only, never empty: a moved-from rmm_resource still shares the
-/// stack.
+/// once rmm_current.hpp installed it). Misuse (a foreign pointer, a double free) is undefined with a plain stack,
+/// as with any strata box; under checked<...> the stack refuses it and the next allocation throws usage_error
+/// saying what it was (Note [refused frees]). Not move-only, never empty: a moved-from rmm_resource still
+/// shares the stack.
 /// Models: stream_resource and cccl::stream_resource_with<device_accessible> under every CCCL generation
 /// (CCCL 3.0's allocate_async and 3.1's stream-first allocate(stream, bytes, alignment), allocate_sync);
-/// device_accessible. Cost: one virtual call and a std::mutex lock and unlock, then the stack's; copying is an
+/// device_accessible. Cost: one virtual call, an atomic load and a std::mutex lock and unlock, then the stack's; copying is an
 /// atomic reference count. Thread-safe.
 class rmm_resource : public sync_names<rmm_resource>, public stream_first_names<rmm_resource> {
 public:
@@ -177,14 +239,12 @@ public:
 
   /// Takes a stack (moved in; held on the heap). Calls on it are serialized by a lock.
   template <class Stack>
-    requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && stream_resource<std::remove_cvref_t<Stack>> &&
-            has_property<std::remove_cvref_t<Stack>, device_accessible>
+    requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && rmm_stack<std::remove_cvref_t<Stack>>
   explicit rmm_resource(Stack&& stack) : rmm_resource(std::forward<Stack>(stack), true)
   {}
   /// Takes a stack that is safe to call from several threads at once; no lock of its own.
   template <class Stack>
-    requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && stream_resource<std::remove_cvref_t<Stack>> &&
-            has_property<std::remove_cvref_t<Stack>, device_accessible>
+    requires(!std::same_as<std::remove_cvref_t<Stack>, rmm_resource>) && rmm_stack<std::remove_cvref_t<Stack>>
   rmm_resource(Stack&& stack, stack_is_thread_safe_t) : rmm_resource(std::forward<Stack>(stack), false)
   {}
 
