@@ -45,7 +45,7 @@ int main()
   bool ok = true;
   {
     rmm::cuda_stream stream;
-    constexpr int n = 1 << 22;
+    constexpr int n = 1 << 20;  // the sum of squares below stays within long long
     rmm::device_uvector<int> values(n, stream);  // from the current resource: strata's
     ok &= check(in_use() >= n * sizeof(int), "device_uvector's memory comes from strata");
     thrust::sequence(rmm::exec_policy(stream), values.begin(), values.end());

@@ -5,7 +5,8 @@
 #   <program> <resource> passed=<n> failed=<n> [FAILED: names]
 # and ends with "rmm tests: ALL PASSED" or "rmm tests: <n> FAILED" (a failure RMM's own resources share, or
 # one docs/rmm.md lists, is reported too: compare with the baseline lines). Logs and gtest XML go to $1
-# (default docs/results/device/rmm).
+# (default docs/results/device/rmm). STRATA_RMM_STACKS (default "default_pool coalescing limit_statistics")
+# runs fewer stacks; STRATA_RMM_BASELINE=0 skips RMM's own resources: to split a run into shorter ones.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${STRATA_RMM_BIN:-$PWD/.rmm_tests/build/bin}
@@ -15,6 +16,8 @@ mkdir -p "$results"
 work=$(mktemp -d)   # RMM's logging tests write their log into the working directory
 cd "$work"
 failed_total=0
+stacks=${STRATA_RMM_STACKS:-default_pool coalescing limit_statistics}
+baseline=${STRATA_RMM_BASELINE:-1}
 run() {  # run <label> <resource> <program> [gtest args...]; STRATA_RMM_STACK from the caller
   local label=$1 resource=$2 program=$3; shift 3
   local log="$results/$label.$resource.log" xml="$results/$label.$resource.xml"
@@ -32,8 +35,8 @@ run() {  # run <label> <resource> <program> [gtest args...]; STRATA_RMM_STACK fr
 }
 echo "RMM $(cat "$bin/../RMM_VERSION" 2>/dev/null || echo 26.10) tests, sources $(cat "$bin/../RMM_COMMIT" 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
-run mr_ref rmm_pool rmm_mr_ref_pool
-for stack in default_pool coalescing limit_statistics; do
+[ "$baseline" = 1 ] && run mr_ref rmm_pool rmm_mr_ref_pool
+for stack in $stacks; do
   case $stack in
     default_pool) suite=StrataDefaultPool ;;
     coalescing) suite=StrataCoalescing ;;
@@ -45,8 +48,8 @@ for program in "$bin"/rmm_*; do
   name=$(basename "$program")
   [ "$name" = rmm_mr_ref_pool ] && continue
   file=${name#rmm_}
-  run "$file" rmm_cuda "$name"
-  for stack in default_pool coalescing limit_statistics; do
+  [ "$baseline" = 1 ] && run "$file" rmm_cuda "$name"
+  for stack in $stacks; do
     STRATA_RMM_STACK=$stack run "$file" "$stack" "strata_$file"
   done
 done
