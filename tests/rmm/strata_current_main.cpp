@@ -33,6 +33,7 @@ private:
 int main(int argc, char** argv)
 {
   ::testing::InitGoogleTest(&argc, argv);
+  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();  // lists, needs no GPU
   strata::rmm_resource r = strata_rmm_test::chosen();
   std::printf("strata: RMM's current device resource is strata's %s stack\n", strata_rmm_test::chosen_name());
   ::testing::UnitTest::GetInstance()->listeners().Append(new make_strata_current(r));
