@@ -230,8 +230,8 @@ inline namespace STRATA_RMM_ABI_NAMESPACE {
 /// shares the stack.
 /// Models: stream_resource and cccl::stream_resource_with<device_accessible> under every CCCL generation
 /// (CCCL 3.0's allocate_async and 3.1's stream-first allocate(stream, bytes, alignment), allocate_sync);
-/// device_accessible. Cost: one virtual call, an atomic load and a std::mutex lock and unlock, then the stack's; copying is an
-/// atomic reference count. Thread-safe.
+/// device_accessible. Cost: one virtual call, an atomic load and a std::mutex lock and unlock, then the
+/// stack's; copying is an atomic reference count. Thread-safe.
 class rmm_resource : public sync_names<rmm_resource>, public stream_first_names<rmm_resource> {
 public:
   using stream_first_names<rmm_resource>::allocate;
