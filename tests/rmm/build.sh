@@ -24,6 +24,11 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# A build folder configured from another checkout (a worktree) is started afresh: CMake refuses to reuse it.
+cache="$root/.rmm_tests/build/CMakeCache.txt"
+if [ -f "$cache" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$PWD/tests/rmm" "$cache"; then
+  rm -rf "$root/.rmm_tests/build"
+fi
 "$cmake_bin" -S tests/rmm -B "$root/.rmm_tests/build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DRMM_TEST_SOURCES="$src/cpp/tests" \
   -DCMAKE_PREFIX_PATH="$root/.whl/librmm/lib64/cmake;$root/.whl/rapids_logger/lib64/cmake;$root/.whl/librmm/lib64/rapids/cmake"
