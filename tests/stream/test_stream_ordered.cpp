@@ -410,6 +410,29 @@ TEST_CASE("stream_ordered: a new stream with a destroyed stream's handle does no
   CHECK(r.layer.streams_tracked() <= 3);
 }
 
+TEST_CASE("stream_ordered: a free on the lone owner's handle, now another device's stream, is ordered before a synchronous allocate")
+{
+  // The handle a destroyed owner had names a new stream of another device at once; a free on it is that
+  // stream's, whose work a wait for the owner's devices would not cover.
+  for (const bool check_capture : {true, false}) {
+    typename checked_layer<false>::options opts{};
+    opts.check_capture = check_capture;
+    rig<> r(64 << 20, opts);
+    const cuda::stream_ref owner = r.world.create(0);
+    make_owner(r, owner);
+    void* x = r.allocate(4096, owner);
+    r.world.finish_all();
+    r.world.destroy(owner);
+    const cuda::stream_ref reused = r.world.create(1);
+    REQUIRE(reused.get() == owner.get());
+    r.world.launch(reused);  // x's last use, on device 1
+    r.free(x, 4096, reused);
+    void* y = r.allocate_sync(4096);  // check_handout: x's memory only once that work completed
+    CHECK(r.checked_ranges >= 1);
+    r.free_sync(y, 4096, {reused});
+  }
+}
+
 TEST_CASE("stream_ordered: a destroyed owner's frees are waited for on the device before another stream takes them")
 {
   rig<> r(64 << 20);

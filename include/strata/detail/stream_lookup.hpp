@@ -22,17 +22,18 @@ namespace strata::detail {
 ///   nobody announced. Without it (captures announced with begin_allocate_to_pool, as PyTorch does) an
 ///   identified_stream needs no call at all.
 /// - A plain handle costs the id lookup besides, asked with the capture query in one backend call where the
-///   backend can (capture_then_id_backend: the capture query still first, no id for a capturing stream). One
-///   id is cached, safely: a free on the handle the owner was last seen with, while no other stream has used
-///   the layer (owner_alone_on).
+///   backend can (capture_then_id_backend: the capture query still first, no id for a capturing stream). A
+///   handle is never taken for the stream it named before: see Note [A handle names whichever stream has it].
 /// - The owner alone with the policy, with nothing to ask about captures or pools (quiet), needs nothing else
 ///   either: its allocate and free go straight to the policy (allocate_alone, free_alone), as one stream's
 ///   calls would without the layer, or, with reuse_recent_frees, its own recent free of the shape serves the
 ///   allocation. Asked about captures, its allocation is served the same way once the query answers
 ///   (alone_with).
-/// Ids are never reused (handles are: the driver hands a destroyed stream's handle to the next stream at once,
-/// while the old one's work still runs), so a handle that comes back gets a new id and none of the old
-/// stream's blocks. Models nothing; holds nothing. Cost: while no capture may be under way, an identified
+/// Note [A handle names whichever stream has it]. Ids are never reused; handles are: the driver hands a
+/// destroyed stream's handle to the next stream at once, while the old one's work still runs, and the next
+/// stream may belong to another device. So every call on a plain handle asks its id: a handle that comes back
+/// gets a new id and none of the old stream's blocks, and a free on it is filed as the new stream's, with its
+/// device, never as the owner's it once was (a wait for the owner's devices would miss the new stream's work). Models nothing; holds nothing. Cost: while no capture may be under way, an identified
 /// stream needs the capture query (check_capture) or nothing; a plain handle the id lookup besides, which a
 /// free by the lone owner skips.
 template <class Layer, class Backend>
@@ -71,14 +72,23 @@ protected:
            m_.deferred.blocks.empty();
   }
 
-  /// A free by the owner alone (as allocate_alone, and on a plain handle only the handle the owner was last
-  /// seen with: owner_alone_on), straight back to the policy; false when the call needs more.
-  bool free_alone(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
+  /// A free by the owner alone (as allocate_alone), straight back to the policy; false when the call needs
+  /// more. A plain handle's id is asked here (Note [A handle names whichever stream has it]), the only time
+  /// this call asks it (`looked_up`, and `known_id` then points to it).
+  bool free_alone(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t*& known_id,
+                  std::uint64_t& looked_up) noexcept
   {
     auto& m_ = m();
     auto* const o = m_.own.owner;
-    if (!quiet() || o == nullptr || m_.own.shared || (known_id != nullptr ? o->id != *known_id : !owner_alone_on(stream)))
-      return false;
+    if (!quiet() || o == nullptr || m_.own.shared) return false;
+    if (known_id == nullptr) {
+      try {
+        known_id = &(looked_up = m_.backend.id_of(stream));  // no capture to break: quiet
+      } catch (...) {
+        return false;  // an unknown stream: the general path decides what is safe
+      }
+    }
+    if (o->id != *known_id) return false;
     const block_shape sh = m_.shapes.of(m_.policy, bytes, alignment);
     o->handle = stream;
     ++o->recent_frees;
@@ -117,14 +127,14 @@ protected:
   bool id_to_free(void* p, const block_shape& sh, cuda::stream_ref stream, const std::uint64_t* known_id, std::uint64_t& id) noexcept
   {
     if (!asks_capture()) return id_to_free_asked_apart(p, sh, stream, known_id, id);
-    if (known_id != nullptr || owner_alone_on(stream)) {  // the id known without asking: the capture query alone
+    if (known_id != nullptr) {  // the id known without asking: the capture query alone
       bool capturing = false;
       try {
         capturing = l().captures(stream);
       } catch (...) {
         return id_to_free_asked_apart(p, sh, stream, known_id, id);  // what a failed query allows is decided there
       }
-      const std::uint64_t known = known_id != nullptr ? *known_id : m().own.owner->id;
+      const std::uint64_t known = *known_id;
       if (capturing || !m().graphs.pools().empty()) [[unlikely]]
         return in_pools_or_id(p, sh, stream, capturing, known, id);
       id = known;
@@ -206,10 +216,6 @@ private:
       id = *known_id;
       return true;
     }
-    if (owner_alone_on(stream)) {
-      id = m().own.owner->id;
-      return true;
-    }
     try {
       id = m().backend.id_of(stream);
       return true;
@@ -231,20 +237,6 @@ private:
   /// Whether this call asks the capture query: while a capture may be under way, and on every stream with
   /// check_capture (the only way to find a capture nobody announced, identified streams included).
   bool asks_capture() const noexcept { return l().capture_possible() || l().m_.opts.check_capture; }
-
-  /// Whether a free on `stream` may be filed as the owner's without asking the id: the handle is the one the
-  /// owner was last seen with, an ordinary stream's (the default streams' handles name another stream per
-  /// device or thread), and no other stream has used the layer. Should the handle now name a new stream (the
-  /// owner destroyed), the block joins the owner's frees in the policy, which carry no event while the layer
-  /// is unshared: whichever stream takes from the policy next is another stream (every allocation asks its
-  /// id), and it first waits for the devices, new stream's work included. So nothing is handed out unordered.
-  bool owner_alone_on(cuda::stream_ref stream) const noexcept
-  {
-    const auto& own = l().m_.own;
-    const cudaStream_t h = stream.get();
-    return own.owner != nullptr && !own.shared && own.owner->handle.get() == h && h != nullptr && h != cudaStreamLegacy &&
-           h != cudaStreamPerThread;
-  }
 
   bool abandoned(const block_shape& sh) noexcept
   {

@@ -367,7 +367,8 @@ private:
   /// A free on `stream`, whose id is `known_id` when the caller knows it.
   void free_ordered(void* p, std::size_t bytes, std::size_t alignment, cuda::stream_ref stream, const std::uint64_t* known_id) noexcept
   {
-    if (p == nullptr || this->free_alone(p, bytes, alignment, stream, known_id)) return;
+    std::uint64_t looked_up = 0;  // a plain handle's id, when free_alone asked it
+    if (p == nullptr || this->free_alone(p, bytes, alignment, stream, known_id, looked_up)) return;
     this->collect_released_pools_noexcept();
     const shape sh = shape_of(bytes, alignment);
     if (std::uint64_t id = 0; this->id_to_free(p, sh, stream, known_id, id)) deallocate_on(p, sh, stream, id);
