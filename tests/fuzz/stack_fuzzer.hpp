@@ -52,7 +52,7 @@ struct fuzz_report {
   std::string stack;
   std::uint64_t seed = 0;
   std::size_t operations = 0, allocations = 0, frees = 0, refusals = 0, bad_alignments = 0, zero_sized = 0;
-  std::size_t moves = 0, drains = 0, injected_refusals = 0, retries = 0;
+  std::size_t moves = 0, drains = 0, injected_refusals = 0, retries = 0, streams_replaced = 0;
   std::vector<std::string> violations;  // the first few; empty when every check held
   bool ok() const noexcept { return violations.empty(); }
   std::string summary() const;
@@ -332,7 +332,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   auto allocate_once = [&] {
     const std::size_t bytes = pick_size(), alignment = pick_alignment();
     const bool bad_alignment = !is_power_of_two(alignment);
-    const bool on_stream = stream_ordered_calls<Stack> && (one_stream || rnd.chance(70));
+    const bool on_stream = stream_ordered_calls<Stack> && rnd.chance(one_stream ? 97 : 70);  // a one-stream run allocates synchronously now and then
     const cuda::stream_ref s = one_stream ? streams[0] : streams[rnd.below(streams.size())];
     if (rnd.chance(3)) {
       upstream.refuse_next(1);
@@ -400,6 +400,28 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     ++report.allocations;
   };
 
+  // A program retires a stream: it frees some of the stream's blocks on it, destroys it, and hands the others
+  // to a new stream, of either device, which may get the destroyed one's handle at once (as CUDA's driver
+  // hands it out) and uses and frees them from then on.
+  auto replace_stream = [&] {
+    const std::size_t k = rnd.below(streams.size());
+    const cuda::stream_ref old = streams[k];
+    if (old.get() == cudaStreamLegacy) return;
+    std::vector<std::uintptr_t> handed;
+    for (auto it = blocks.begin(); it != blocks.end();) {
+      const auto next = std::next(it);
+      if (it->second.on_stream && it->second.stream.get() == old.get()) {
+        if (rnd.chance(50)) free_block(it);
+        else handed.push_back(it->first);
+      }
+      it = next;
+    }
+    world.destroy(old);
+    streams[k] = world.create(static_cast<int>(rnd.below(2)));
+    for (const std::uintptr_t a : handed) blocks.at(a).stream = streams[k];
+    ++report.streams_replaced;
+  };
+
   auto drain = [&] {
     while (!blocks.empty()) free_block(blocks.begin());
     ++report.drains;
@@ -459,6 +481,8 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
         else if (r < 18) {
           world.finish_all();
           safety.all_complete();
+        } else if (r < 19) {
+          replace_stream();
         }
         else world.launch(streams[rnd.below(streams.size())]);
       }
