@@ -53,7 +53,8 @@ macro(strata_find_torch)
         if(NOT Torch_FOUND)
           message(FATAL_ERROR "strata: PyTorch is importable (${strata_torch_python}) but its CMake package in "
                               "${strata_torch_prefix} did not load, so libstrata_torch_hooks.so cannot be built; "
-                              "${strata_torch_how}; or -DSTRATA_TORCH_HOOKS=OFF for a build without it")
+                              "${strata_torch_how}; or, for a package without it, pip install . -C "
+                              "cmake.define.STRATA_TORCH_HOOKS=OFF")
         endif()
       elseif(STRATA_TORCH_HOOKS STREQUAL "ON")
         message(FATAL_ERROR "strata: STRATA_TORCH_HOOKS=ON but no PyTorch was found (CMAKE_PREFIX_PATH, or "

@@ -138,7 +138,7 @@ inline std::vector<trace_event> parse_trace(std::string_view text, const std::st
 {
   if (detail::looks_binary(text))
     throw trace_error(name, 0, "binary data, not a trace (strata's traces are CSV text `op,id,bytes,stream`, plain or "
-                               "gzip; a PyTorch snapshot must end in .pickle)");
+                               "gzip; a PyTorch snapshot is read as one when its name ends in .pickle or .pkl)");
   std::vector<trace_event> events;
   events.reserve(text.size() / 16);
   std::unordered_map<std::uint64_t, std::size_t> live;  // id -> line that allocated it
