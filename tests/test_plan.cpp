@@ -71,6 +71,24 @@ TEST_CASE("trace reader: every bad line is refused with the file, the line and w
   CHECK(parse_error("a,1,512,0\na,2,512,0\n").empty());
 }
 
+TEST_CASE("trace reader: binary data is refused without being echoed, and a quoted line shows no control bytes")
+{
+  const std::string elf = std::string("\x7f" "ELF\x02\x01\x01", 7) + std::string(9, '\0') + "\x1b[2J\n";
+  CHECK(parse_error(elf) == "t.csv: binary data, not a trace (strata's traces are CSV text `op,id,bytes,stream`, plain or gzip; "
+                            "a PyTorch snapshot is read as one when its name ends in .pickle or .pkl)");
+  CHECK(parse_error(std::string("a,1,512,0\n\x01\x02,3\n")).rfind("t.csv: binary data", 0) == 0);
+  // Past the first 4 KiB the lines are checked one by one: what a message quotes is escaped and cut short.
+  std::string late;
+  for (int i = 0; late.size() <= 4096; ++i) late += "a," + std::to_string(i) + ",512,0\n";
+  const std::string lines = std::to_string(std::count(late.begin(), late.end(), '\n') + 1);
+  CHECK(parse_error(late + "a,\x1b[31m,512,0\n") ==
+        "t.csv:" + lines + ": the id `\\x1b[31m` is not a non-negative integer: `a,\\x1b[31m,512,0`");
+  CHECK(parse_error(late + std::string(100, 'z') + "\n") ==
+        "t.csv:" + lines + ": expected 4 fields `op,id,bytes,stream`, found 1: `" + std::string(80, 'z') + "...`");
+  // UTF-8 in a comment is text, not binary.
+  CHECK(parse_error("# tra\xc3\xa7" "e\na,1,512,0\n").empty());
+}
+
 TEST_CASE("trace reader: gzip and plain files read the same; a truncated gzip file is refused")
 {
   const auto plain = replay::read_trace((inputs / "mixed.csv").string());
@@ -99,14 +117,14 @@ TEST_CASE("trace reader: gzip and plain files read the same; a truncated gzip fi
   }
 }
 
-TEST_CASE("capacity parsing: sizes in every unit, device names, and a message naming what does not parse")
+TEST_CASE("capacity parsing: sizes in every unit, device names, a number without a unit refused, and a message naming what does not parse")
 {
   using plan::parse_capacity;
   CHECK(parse_capacity("80GiB") == (std::size_t{80} << 30));
   CHECK(parse_capacity("80GB") == 80'000'000'000ull);
   CHECK(parse_capacity("81920MiB") == (std::size_t{80} << 30));
   CHECK(parse_capacity("1.5TiB") == (std::size_t{3} << 39));
-  CHECK(parse_capacity("85899345920") == (std::size_t{80} << 30));
+  CHECK(parse_capacity("85899345920B") == (std::size_t{80} << 30));
   CHECK(parse_capacity("4096B") == 4096);
   CHECK(parse_capacity("2 gib") == (std::size_t{2} << 30));
   CHECK(parse_capacity("H100-80GB") == 85017493504ull);
@@ -117,7 +135,10 @@ TEST_CASE("capacity parsing: sizes in every unit, device names, and a message na
   CHECK(capacity_error("-5GiB") == "capacity `-5GiB`: negative");
   CHECK(capacity_error("H900").rfind("capacity `H900`: not a size or a known device", 0) == 0);
   CHECK(capacity_error("1.2.3GiB") == "capacity `1.2.3GiB`: `1.2.3` is not a number");
-  CHECK(capacity_error("0") == "capacity `0`: must be at least one byte");
+  CHECK(capacity_error("0B") == "capacity `0B`: must be at least one byte");
+  CHECK(capacity_error("15").rfind("capacity `15`: no unit (write 15GiB, 15GB or 15B for bytes), or give a device: H100-80GB,", 0) == 0);
+  CHECK(capacity_error("85899345920").rfind("capacity `85899345920`: no unit", 0) == 0);
+  CHECK(capacity_error("1.5 ").rfind("capacity `1.5 `: no unit", 0) == 0);
   CHECK(capacity_error("").rfind("capacity: empty", 0) == 0);
 }
 

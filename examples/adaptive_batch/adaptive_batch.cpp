@@ -4,7 +4,12 @@
 #include <cstdio>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/adaptor/limit.hpp>
+#include <strata/adaptor/statistics.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Source>

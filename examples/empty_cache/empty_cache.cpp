@@ -3,7 +3,10 @@
 #include <cstdio>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/core/ref.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/simulated_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Source, class FreeMemory>

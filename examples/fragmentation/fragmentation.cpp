@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/core/usage.hpp>
+#include <strata/policy/buddy_pool.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/simulated_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Pool>

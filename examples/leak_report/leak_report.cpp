@@ -3,7 +3,12 @@
 #include <cstdio>
 #include <iostream>
 
-#include <strata/strata.hpp>
+#include <strata/adaptor/checked.hpp>
+#include <strata/adaptor/tracking.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Source>

@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdio>
 
-#include <strata/strata.hpp>
+#include <strata/policy/arena.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
 #include "../gpu_or_host.hpp"
 
 constexpr int iterations = 200;

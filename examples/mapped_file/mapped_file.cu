@@ -5,7 +5,7 @@
 
 #include <unistd.h>
 
-#include <strata/strata.hpp>
+#include <strata/source/registered_host_source.hpp>
 
 __global__ void increment(unsigned* words, std::size_t n)
 {

@@ -2,7 +2,11 @@
 // out_of_memory that names the limit, before the pool below is even asked.
 #include <cstdio>
 
-#include <strata/strata.hpp>
+#include <strata/adaptor/limit.hpp>
+#include <strata/core/errors.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/simulated_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Pool>

@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/pinned_source.hpp>
 
 __global__ void checksum(const unsigned* data, std::size_t n, unsigned long long* sum)
 {

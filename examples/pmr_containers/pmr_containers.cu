@@ -4,7 +4,9 @@
 #include <memory_resource>
 #include <string>
 
-#include <strata/strata.hpp>
+#include <strata/interop/pmr_adaptor.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/pinned_source.hpp>
 
 __global__ void histogram(const int* values, std::size_t n, unsigned* bins)
 {

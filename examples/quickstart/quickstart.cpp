@@ -6,8 +6,15 @@
 #include <cstdio>
 #include <vector>
 
+#include <strata/core/alignment.hpp>
+#include <strata/core/usage.hpp>
 #include <strata/default_pool.hpp>
-#include <strata/strata.hpp>
+#include <strata/pages/simulated_pages.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/policy/mapped_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
+#include <strata/stream/simulated_streams.hpp>
 #include "../gpu_or_host.hpp"
 
 /// A training-like pattern through the recommended stack: activations allocated, freed, allocated again at

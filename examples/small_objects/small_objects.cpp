@@ -5,7 +5,9 @@
 #include <random>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/policy/size_class_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Source>

@@ -13,7 +13,9 @@
 #include <strata/adaptor/statistics.hpp>
 #include <strata/interop/thrust_allocator.hpp>
 #include <strata/interop/thrust_temp_allocator.hpp>
-#include <strata/strata.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/stream/stream_ordered.hpp>
 
 int main()
 {

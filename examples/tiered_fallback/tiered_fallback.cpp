@@ -4,7 +4,11 @@
 #include <cstdio>
 #include <vector>
 
-#include <strata/strata.hpp>
+#include <strata/adaptor/fallback.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/device_source.hpp>
+#include <strata/source/host_source.hpp>
+#include <strata/source/pinned_source.hpp>
 #include "../gpu_or_host.hpp"
 
 template <class Fast, class Slow>

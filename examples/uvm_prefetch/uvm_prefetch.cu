@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include <strata/strata.hpp>
+#include <strata/adaptor/prefetch.hpp>
+#include <strata/policy/coalescing_pool.hpp>
+#include <strata/source/managed_source.hpp>
 
 __global__ void scale(float* p, std::size_t n)
 {

@@ -117,6 +117,17 @@ class BadInput(unittest.TestCase):
     def test_capacity_that_does_not_parse(self):
         self.refused([MIXED, "--capacity", "80GX"], "strata-plan: capacity `80GX`: unknown unit `GX`")
         self.refused([MIXED, "--capacity", "H900"], "strata-plan: capacity `H900`: not a size or a known device")
+        self.refused([MIXED, "--capacity", "15"], "strata-plan: capacity `15`: no unit (write 15GiB, 15GB or 15B for bytes)")
+
+    def test_binary_input_is_not_echoed(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.csv")
+            with open(path, "wb") as f:
+                f.write(b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x1b[2J\x1b]0;title\x07\n")
+            out = subprocess.run([PLAN, path, "--no-progress"], capture_output=True)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn(b"binary data, not a trace", out.stderr)
+        self.assertFalse(any(c < 0x20 and c != 0x0A for c in out.stderr), out.stderr)
 
     def test_bad_traces(self):
         self.refused(["TRACE"], "strata-plan: TRACE:3: free of unknown id 9", "op,id,bytes,stream\na,1,512,0\nf,9,512,0\n")

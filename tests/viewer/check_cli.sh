@@ -40,10 +40,10 @@ expect_ok report "$here/report_fixture.json" report
 printf '{"box":"coalescing_pool","segments":[{"address":4096,"size":1024,"blocks":[{"offset":0,"size":1024,"free":false,"stream":-1}]}]}' >"$work/snap.json"
 expect_ok snapshot "$work/snap.json" snapshot
 
-expect_fail truncated.json '{"traces": [{"trace": "t",' "truncated.json: not JSON: line 1, column 27: the text ends where a member name was expected (truncated?)"
-expect_fail empty.json '' "empty.json: not JSON: line 1, column 1: the text ends where a value was expected (truncated?)"
+expect_fail truncated.json '{"traces": [{"trace": "t",' "truncated.json: not JSON: line 1, column 27: syntax error while parsing object key - unexpected end of input; expected string literal (the text ends there: truncated?)"
+expect_fail empty.json '' "empty.json: not JSON: line 1, column 1: syntax error while parsing value - unexpected end of input; expected '[', '{', or a literal (the text ends there: truncated?)"
 expect_fail garbage.json 'trace v1
-alloc 1 256' "garbage.json: not JSON: line 1, column 1: unexpected word 'trace' where a value was expected"
+alloc 1 256' "garbage.json: not JSON: line 1, column 3: syntax error while parsing value - invalid literal; last read: 'tra'"
 expect_fail unknown.json '{"tool": "something else"}' "unknown.json: the document: is neither a strata-plan report (no \"traces\") nor a strata snapshot (no \"segments\")"
 expect_fail badblock.json '{"box":"b","segments":[{"address":0,"size":512,"blocks":[{"offset":0,"size":1024,"free":true,"stream":-1}]}]}' \
   "badblock.json: segments[0].blocks[0]: ends past the end of its segment"

@@ -16,7 +16,7 @@ for name in chromium chromium-browser google-chrome-stable google-chrome; do
   if command -v "$name" >/dev/null 2>&1; then browser="$(command -v "$name")"; break; fi
 done
 if [ -z "$browser" ] || ! command -v python3 >/dev/null 2>&1; then
-  missing="chromium (Debian's chromium package; .ci/deps installs it)"
+  missing="chromium (Debian's chromium package; .ci/deps viewer installs it)"
   [ -n "$browser" ] && missing="python3"
   if [ "${STRATA_REQUIRE_VIEWER:-0}" = 1 ]; then
     echo "FAIL: STRATA_REQUIRE_VIEWER=1 but $missing is not installed"

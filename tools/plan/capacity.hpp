@@ -1,5 +1,6 @@
 #pragma once
-// strata-plan's capacities: "80GiB", "80GB", "81920MiB", "1.5TiB", plain bytes, or a device name.
+// strata-plan's capacities: "80GiB", "80GB", "81920MiB", "1.5TiB", "4096B", or a device name. A number
+// needs its unit: "15" could mean 15 GiB as easily as 15 bytes, and a plan for the wrong one looks plausible.
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -59,17 +60,18 @@ inline std::string device_names()
   return names;
 }
 
-/// Bytes for a capacity; std::invalid_argument naming the text and what is wrong with it.
+/// Bytes for a capacity; std::invalid_argument naming the text and what is wrong with it (a number without a
+/// unit among them).
 inline std::size_t parse_capacity(std::string_view text)
 {
   const std::string quoted = "capacity `" + std::string(text) + "`";
-  if (text.empty()) throw std::invalid_argument("capacity: empty (give e.g. 80GiB, 81920MiB, 85899345920 or H100-80GB)");
+  if (text.empty()) throw std::invalid_argument("capacity: empty (give e.g. 80GiB, 81920MiB, 85899345920B or H100-80GB)");
   if (const device_memory* d = find_device(text)) return d->bytes;
   std::size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
   if (digits == 0) {
     if (text.front() == '-') throw std::invalid_argument(quoted + ": negative");
-    throw std::invalid_argument(quoted + ": not a size or a known device (sizes: 80GiB, 80GB, 81920MiB, plain bytes; devices: " +
+    throw std::invalid_argument(quoted + ": not a size or a known device (sizes: 80GiB, 80GB, 81920MiB, 4096B; devices: " +
                                 device_names() + ")");
   }
   double number = 0;
@@ -77,10 +79,15 @@ inline std::size_t parse_capacity(std::string_view text)
   if (ec != std::errc{} || end != text.data() + digits) throw std::invalid_argument(quoted + ": `" + std::string(text.substr(0, digits)) + "` is not a number");
   std::string_view unit = text.substr(digits);
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  if (unit.empty()) {
+    const std::string number_text(text.substr(0, digits));
+    throw std::invalid_argument(quoted + ": no unit (write " + number_text + "GiB, " + number_text + "GB or " + number_text +
+                                "B for bytes), or give a device: " + device_names());
+  }
   static constexpr struct {
     const char* name;
     double factor;
-  } units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},        {"MB", 1e6},         {"GB", 1e9},          {"TB", 1e12},
+  } units[] = {{"B", 1},          {"KB", 1e3},        {"MB", 1e6},         {"GB", 1e9},          {"TB", 1e12},
                {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (const auto& u : units) {
     if (!same_name(u.name, unit)) continue;

@@ -51,7 +51,7 @@ constexpr const char* usage_text =
     "                   [--device] [--no-progress] [--threads N]\n"
     "  TRACE: strata's trace (CSV op,id,bytes,stream; plain or .gz) or a PyTorch snapshot (.pickle, from\n"
     "         torch.cuda.memory._dump_snapshot(); converted with tools/plan/torch_snapshot.py)\n"
-    "  --capacity: 80GiB, 80GB, 81920MiB, plain bytes, or a device (H100-80GB, H200, A100-40GB, L4, ...)\n";
+    "  --capacity: 80GiB, 80GB, 81920MiB, 4096B (a unit is required), or a device (H100-80GB, H200, A100-40GB, L4, ...)\n";
 
 struct options {
   std::vector<std::string> traces;

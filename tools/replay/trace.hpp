@@ -89,6 +89,38 @@ inline std::string read_text(const std::string& path)
   return text;
 }
 
+/// Text from the input as an error message quotes it: bytes outside printable ASCII as `\xNN`, and at most 80
+/// of them, so that a binary file given as a trace cannot write control sequences to the user's terminal.
+inline std::string shown(std::string_view text)
+{
+  static constexpr std::size_t longest = 80;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < longest; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xf];
+    }
+  }
+  if (text.size() > longest) out += "...";
+  return out;
+}
+
+/// Whether text looks like binary data rather than a CSV trace: a control character other than tab, CR and LF
+/// among its first 4 KiB (comments may hold UTF-8; nothing in a trace is a control character).
+inline bool looks_binary(std::string_view text) noexcept
+{
+  for (std::size_t i = 0; i < text.size() && i < 4096; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\t' && c != '\r' && c != '\n') || c == 0x7f) return true;
+  }
+  return false;
+}
+
 template <class T>
 bool parse_number(std::string_view field, T& out)
 {
@@ -104,6 +136,9 @@ bool parse_number(std::string_view field, T& out)
 /// with a newline, so that a cut-off last line ("a,7,51" of "a,7,5120,0") is caught.
 inline std::vector<trace_event> parse_trace(std::string_view text, const std::string& name)
 {
+  if (detail::looks_binary(text))
+    throw trace_error(name, 0, "binary data, not a trace (strata's traces are CSV text `op,id,bytes,stream`, plain or "
+                               "gzip; a PyTorch snapshot is read as one when its name ends in .pickle or .pkl)");
   std::vector<trace_event> events;
   events.reserve(text.size() / 16);
   std::unordered_map<std::uint64_t, std::size_t> live;  // id -> line that allocated it
@@ -128,14 +163,14 @@ inline std::vector<trace_event> parse_trace(std::string_view text, const std::st
       if (comma == std::string_view::npos) break;
       start = comma + 1;
     }
-    auto bad = [&](const std::string& what) { throw trace_error(name, number, what + ": `" + std::string(line) + "`"); };
+    auto bad = [&](const std::string& what) { throw trace_error(name, number, what + ": `" + detail::shown(line) + "`"); };
     if (count != 4) bad("expected 4 fields `op,id,bytes,stream`, found " + std::to_string(count));
-    if (fields[0] != "a" && fields[0] != "f") bad("unknown op `" + std::string(fields[0]) + "` (expected a or f)");
+    if (fields[0] != "a" && fields[0] != "f") bad("unknown op `" + detail::shown(fields[0]) + "` (expected a or f)");
     trace_event e{fields[0] == "a", 0, 0, 0};
-    if (!detail::parse_number(fields[1], e.id)) bad("the id `" + std::string(fields[1]) + "` is not a non-negative integer");
-    if (!fields[2].empty() && fields[2].front() == '-') bad("negative size " + std::string(fields[2]));
-    if (!detail::parse_number(fields[2], e.bytes)) bad("the size `" + std::string(fields[2]) + "` is not a number of bytes");
-    if (!detail::parse_number(fields[3], e.stream)) bad("the stream `" + std::string(fields[3]) + "` is not an integer");
+    if (!detail::parse_number(fields[1], e.id)) bad("the id `" + detail::shown(fields[1]) + "` is not a non-negative integer");
+    if (!fields[2].empty() && fields[2].front() == '-') bad("negative size " + detail::shown(fields[2]));
+    if (!detail::parse_number(fields[2], e.bytes)) bad("the size `" + detail::shown(fields[2]) + "` is not a number of bytes");
+    if (!detail::parse_number(fields[3], e.stream)) bad("the stream `" + detail::shown(fields[3]) + "` is not an integer");
     if (e.allocate) {
       const auto [it, fresh] = live.emplace(e.id, number);
       if (!fresh) bad("id " + std::to_string(e.id) + " is allocated again while live (allocated on line " + std::to_string(it->second) + ")");

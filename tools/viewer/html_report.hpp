@@ -36,7 +36,7 @@ inline std::string join(const std::string& path, std::string_view key)
 
 inline const json::value& member(const json::value& obj, std::string_view key, const std::string& path)
 {
-  const json::value* v = obj.find(key);
+  const json::value* v = json::find(obj, key);
   if (!v) wrong(path, "has no \"" + std::string(key) + "\"");
   return *v;
 }
@@ -57,15 +57,15 @@ inline const json::value& array_member(const json::value& obj, std::string_view 
 inline double size_member(const json::value& obj, std::string_view key, const std::string& path)
 {
   const json::value& v = member(obj, key, path);
-  if (!v.is_number() || v.number < 0)
+  if (!v.is_number() || v.get<double>() < 0)
     wrong(join(path, key), std::string("is ") + (v.is_number() ? "negative" : json::kind_name(v)) + ", not a size in bytes");
-  return v.number;
+  return v.get<double>();
 }
 
 // A figure the page prints: a number or null (absent counts as null).
 inline void optional_number(const json::value& obj, std::string_view key, const std::string& path)
 {
-  const json::value* v = obj.find(key);
+  const json::value* v = json::find(obj, key);
   if (v && !v->is_number() && !v->is_null())
     wrong(join(path, key), std::string("is ") + json::kind_name(*v) + ", not a number or null");
 }
@@ -75,22 +75,22 @@ inline void optional_number(const json::value& obj, std::string_view key, const 
 inline void check_snapshot_at(const json::value& snap, const std::string& path)
 {
   object_at(snap, path);
-  if (const json::value* box = snap.find("box"); box && !box->is_string())
+  if (const json::value* box = json::find(snap, "box"); box && !box->is_string())
     wrong(join(path, "box"), std::string("is ") + json::kind_name(*box) + ", not a string");
   const json::value& segments = array_member(snap, "segments", path);
-  for (std::size_t s = 0; s < segments.items.size(); ++s) {
+  for (std::size_t s = 0; s < segments.size(); ++s) {
     const std::string seg_path = join(path, "segments[" + std::to_string(s) + "]");
-    const json::value& seg = object_at(segments.items[s], seg_path);
+    const json::value& seg = object_at(segments[s], seg_path);
     const double seg_size = size_member(seg, "size", seg_path);
     optional_number(seg, "address", seg_path);
     const json::value& blocks = array_member(seg, "blocks", seg_path);
     double end = 0;
-    for (std::size_t b = 0; b < blocks.items.size(); ++b) {
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
       const std::string block_path = seg_path + ".blocks[" + std::to_string(b) + "]";
-      const json::value& block = object_at(blocks.items[b], block_path);
+      const json::value& block = object_at(blocks[b], block_path);
       const double offset = size_member(block, "offset", block_path);
       const double size = size_member(block, "size", block_path);
-      if (!member(block, "free", block_path).is_bool()) wrong(block_path + ".free", "is not true or false");
+      if (!member(block, "free", block_path).is_boolean()) wrong(block_path + ".free", "is not true or false");
       optional_number(block, "stream", block_path);
       if (offset < end) wrong(block_path, "starts inside the block before it (blocks must be in address order)");
       if (offset + size > seg_size) wrong(block_path, "ends past the end of its segment");
@@ -106,33 +106,33 @@ inline void check_timeline(const json::value& stack, const std::string& path)
   const json::value& op = array_member(tl, "op", tl_path);
   for (const char* key : {"op", "live", "reserved"}) {
     const json::value& series = array_member(tl, key, tl_path);
-    if (series.items.size() != op.items.size())
-      wrong(tl_path, "\"" + std::string(key) + "\" has " + std::to_string(series.items.size()) + " entries, \"op\" has " +
-                         std::to_string(op.items.size()));
-    for (std::size_t i = 0; i < series.items.size(); ++i)
-      if (!series.items[i].is_number())
+    if (series.size() != op.size())
+      wrong(tl_path, "\"" + std::string(key) + "\" has " + std::to_string(series.size()) + " entries, \"op\" has " +
+                         std::to_string(op.size()));
+    for (std::size_t i = 0; i < series.size(); ++i)
+      if (!series[i].is_number())
         wrong(tl_path + "." + key + "[" + std::to_string(i) + "]",
-              std::string("is ") + json::kind_name(series.items[i]) + ", not a number");
+              std::string("is ") + json::kind_name(series[i]) + ", not a number");
   }
 }
 
 inline void check_peak_map(const json::value& stack, const std::string& path)
 {
-  const json::value* pm = stack.find("peak_map");
+  const json::value* pm = json::find(stack, "peak_map");
   if (!pm || pm->is_null()) return;  // a stack may come without a map; the page says so
   const std::string pm_path = path + ".peak_map";
   object_at(*pm, pm_path);
   optional_number(*pm, "at_op", pm_path);
   const json::value& snap = member(*pm, "snapshot", pm_path);
   check_snapshot_at(snap, pm_path + ".snapshot");
-  const json::value* req = pm->find("largest_request");
+  const json::value* req = json::find(*pm, "largest_request");
   if (!req || req->is_null()) return;
   const std::string req_path = pm_path + ".largest_request";
   object_at(*req, req_path);
   size_member(*req, "size", req_path);
-  const json::value* seg = req->find("segment");
+  const json::value* seg = json::find(*req, "segment");
   if (!seg || seg->is_null()) return;  // "needs new memory"
-  if (!seg->is_number() || seg->number < 0 || seg->number >= static_cast<double>(member(snap, "segments", "").items.size()))
+  if (!seg->is_number() || seg->get<double>() < 0 || seg->get<double>() >= static_cast<double>(member(snap, "segments", "").size()))
     wrong(req_path + ".segment", "is not the index of a segment of the snapshot");
   size_member(*req, "offset", req_path);
 }
@@ -141,22 +141,22 @@ inline void check_report(const json::value& report)
 {
   object_at(report, "");
   const json::value& traces = array_member(report, "traces", "");
-  for (std::size_t t = 0; t < traces.items.size(); ++t) {
+  for (std::size_t t = 0; t < traces.size(); ++t) {
     const std::string trace_path = "traces[" + std::to_string(t) + "]";
-    const json::value& trace = object_at(traces.items[t], trace_path);
+    const json::value& trace = object_at(traces[t], trace_path);
     if (!member(trace, "trace", trace_path).is_string()) wrong(trace_path + ".trace", "is not a string");
     optional_number(trace, "operations", trace_path);
     optional_number(trace, "capacity", trace_path);
     optional_number(trace, "scale", trace_path);
     const json::value& stacks = array_member(trace, "stacks", trace_path);
-    for (std::size_t s = 0; s < stacks.items.size(); ++s) {
+    for (std::size_t s = 0; s < stacks.size(); ++s) {
       const std::string path = trace_path + ".stacks[" + std::to_string(s) + "]";
-      const json::value& stack = object_at(stacks.items[s], path);
+      const json::value& stack = object_at(stacks[s], path);
       if (!member(stack, "name", path).is_string()) wrong(path + ".name", "is not a string");
       for (const char* figure : {"peak_live", "peak_reserved", "ratio", "largest_free_at_peak", "upstream_calls",
                                  "map_calls", "unmap_calls", "min_capacity"})
         optional_number(stack, figure, path);
-      if (const json::value* fits = stack.find("fits"); fits && !fits->is_bool() && !fits->is_null())
+      if (const json::value* fits = json::find(stack, "fits"); fits && !fits->is_boolean() && !fits->is_null())
         wrong(path + ".fits", "is not true, false or null");
       check_timeline(stack, path);
       check_peak_map(stack, path);
@@ -212,11 +212,11 @@ inline std::string fill_page(std::string_view kind, std::string_view json_text)
 inline document_kind check_document(const json::value& doc)
 {
   if (!doc.is_object()) detail::wrong("", std::string("is ") + json::kind_name(doc) + ", not an object");
-  if (doc.find("traces")) {
+  if (json::find(doc, "traces")) {
     detail::check_report(doc);
     return document_kind::report;
   }
-  if (doc.find("segments")) {
+  if (json::find(doc, "segments")) {
     detail::check_snapshot_at(doc, "");
     return document_kind::snapshot;
   }

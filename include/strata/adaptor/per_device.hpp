@@ -1,5 +1,4 @@
 #pragma once
-#include <algorithm>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
@@ -17,6 +16,7 @@
 #include <strata/core/concepts.hpp>
 #include <strata/core/devices.hpp>
 #include <strata/core/properties.hpp>
+#include <strata/core/usage.hpp>
 
 namespace strata {
 
@@ -176,15 +176,7 @@ public:
   {
     strata::usage total;
     for (int d = 0; d < count_; ++d)
-      if (const Stack* s = built(d)) {
-        const strata::usage u = s->usage();
-        total.reserved += u.reserved;
-        total.in_use += u.in_use;
-        total.largest_free = std::max(total.largest_free, u.largest_free);
-        total.chunks += u.chunks;
-        total.used_blocks += u.used_blocks;
-        total.free_blocks += u.free_blocks;
-      }
+      if (const Stack* s = built(d)) total += s->usage();
     return total;
   }
   /// One device's usage (all zero when its stack was never built).

@@ -10,6 +10,7 @@
 #include <strata/core/cccl_names.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/properties.hpp>
+#include <strata/core/usage.hpp>
 
 namespace strata {
 
@@ -74,10 +75,7 @@ public:
   strata::usage usage() const
     requires usage_reporting_resource<Small> && usage_reporting_resource<Large>
   {
-    const strata::usage a = small_.usage(), b = large_.usage();
-    return {.reserved = a.reserved + b.reserved, .in_use = a.in_use + b.in_use,
-            .largest_free = std::max(a.largest_free, b.largest_free), .chunks = a.chunks + b.chunks,
-            .used_blocks = a.used_blocks + b.used_blocks, .free_blocks = a.free_blocks + b.free_blocks};
+    return small_.usage() + large_.usage();
   }
   void release()
     requires releasable_resource<Small> && releasable_resource<Large>

@@ -21,6 +21,21 @@ struct usage {
   }
 
   constexpr bool operator==(const usage&) const = default;
+
+  /// Adds the figures of a pool disjoint from this one (another device, another tag, the other side of a
+  /// segregator): bytes and counts add up; largest_free is the larger of the two, since no request is served
+  /// by two pools at once. O(1).
+  constexpr usage& operator+=(const usage& other) noexcept
+  {
+    reserved += other.reserved;
+    in_use += other.in_use;
+    largest_free = largest_free < other.largest_free ? other.largest_free : largest_free;
+    chunks += other.chunks;
+    used_blocks += other.used_blocks;
+    free_blocks += other.free_blocks;
+    return *this;
+  }
+  friend constexpr usage operator+(usage a, const usage& b) noexcept { return a += b; }
 };
 
 } // namespace strata

@@ -168,23 +168,14 @@ private:
       }
       std::vector<CUmemAccessDesc> access;
       for (const int d : peers)
-        if (d != h.device) access.push_back(access_for(d));
-      access.push_back(access_for(h.device));
+        if (d != h.device) access.push_back(strata::detail::access_for(d));
+      access.push_back(strata::detail::access_for(h.device));
       strata::detail::driver_check(driver.set_access(base, span, access.data(), access.size()), "cuMemSetAccess");
     } catch (...) {
       unmap_all();
       throw;
     }
     data_ = reinterpret_cast<void*>(mapped_base_ + h.offset);
-  }
-
-  static CUmemAccessDesc access_for(int device) noexcept
-  {
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = device;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return desc;
   }
 
   void unmap_all() noexcept

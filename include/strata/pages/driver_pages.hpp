@@ -137,6 +137,17 @@ struct copy_lanes {
   unsigned next = 0;
 };
 
+/// Read and write access for `device`, as cuMemSetAccess takes it: what every mapping strata makes (its own
+/// pages, and pages imported from another process) grants to the devices that use it.
+inline CUmemAccessDesc access_for(int device) noexcept
+{
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return desc;
+}
+
 } // namespace detail
 
 /// Physical memory of one device, mapped into address ranges reserved on it, accessible from that device and
@@ -173,12 +184,12 @@ public:
                                   " is not a power-of-two multiple of device " + std::to_string(device) +
                                   "'s granularity of " + std::to_string(granularity) + " bytes");
     page_size_ = page_size;
-    access_[devices_++] = access_for(device_);
+    access_[devices_++] = detail::access_for(device_);
     for (int peer : peers) {
       if (peer == device_) continue;
       if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
       detail::check_peer_path("driver_pages", device_, peer);  // peer_access_error, a std::invalid_argument
-      access_[devices_++] = access_for(peer);
+      access_[devices_++] = detail::access_for(peer);
     }
   }
 
@@ -302,14 +313,6 @@ private:
     prop.location.id = device_;
     prop.requestedHandleTypes = handle_types_;
     return prop;
-  }
-  static CUmemAccessDesc access_for(int device) noexcept
-  {
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = device;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return desc;
   }
 
   detail::copy_lanes& lanes()

@@ -155,15 +155,7 @@ public:
   strata::usage usage() const noexcept
   {
     strata::usage u = core_.usage();
-    for_each_tag_pool([&](const core& c) {
-      const strata::usage t = c.usage();
-      u.reserved += t.reserved;
-      u.in_use += t.in_use;
-      u.largest_free = std::max(u.largest_free, t.largest_free);
-      u.chunks += t.chunks;
-      u.used_blocks += t.used_blocks;
-      u.free_blocks += t.free_blocks;
-    });
+    for_each_tag_pool([&](const core& c) { u += c.usage(); });
     return u;
   }
 

@@ -1,0 +1,51 @@
+# cmake/strata_torch.cmake's search for PyTorch, against stand-in interpreters: it finds torch's CMake prefix
+# where the interpreter imports torch as run, where only -E does (pip's build isolation hides the environment
+# through PYTHONPATH), and nowhere else. Run: cmake -DWORK=<scratch dir> -P tests/cmake/test_find_torch.cmake
+cmake_minimum_required(VERSION 3.24)
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/strata_torch.cmake")
+if(NOT WORK)
+  message(FATAL_ERROR "test_find_torch: give -DWORK=<scratch directory>")
+endif()
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}/torch_prefix")
+
+set(checks 0)
+# A stand-in for python: `importable` says when `import torch` works (always, only with -E, never), and the
+# prefix it prints (a directory, or a path that is none).
+function(stand_in name importable prefix)
+  if(importable STREQUAL "always")
+    set(body "echo '${prefix}'")
+  elseif(importable STREQUAL "with_E")
+    set(body "if [ \"$1\" = -E ]; then echo '${prefix}'; else echo 'ModuleNotFoundError: torch' >&2; exit 1; fi")
+  else()
+    set(body "echo 'ModuleNotFoundError: torch' >&2; exit 1")
+  endif()
+  file(WRITE "${WORK}/${name}.in" "#!/bin/sh\n${body}\n")
+  file(COPY_FILE "${WORK}/${name}.in" "${WORK}/${name}")
+  file(CHMOD "${WORK}/${name}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE)
+endfunction()
+
+macro(expect python want)
+  strata_torch_cmake_prefix("${WORK}/${python}" got)
+  if(NOT got STREQUAL "${want}")
+    message(FATAL_ERROR "test_find_torch: ${python}: found '${got}', expected '${want}'")
+  endif()
+  math(EXPR checks "${checks} + 1")
+endmacro()
+
+stand_in(plain always "${WORK}/torch_prefix")
+expect(plain "${WORK}/torch_prefix")
+stand_in(isolated with_E "${WORK}/torch_prefix")
+expect(isolated "${WORK}/torch_prefix")
+stand_in(no_torch never "")
+expect(no_torch "")
+stand_in(bad_prefix always "${WORK}/no_such_directory")
+expect(bad_prefix "")
+expect(missing_interpreter "")
+
+strata_torch_remedy(how "python3")
+if(NOT how MATCHES "pip install --no-build-isolation" OR NOT how MATCHES "torch.utils.cmake_prefix_path")
+  message(FATAL_ERROR "test_find_torch: the remedy names no command: ${how}")
+endif()
+math(EXPR checks "${checks} + 1")
+message(STATUS "test_find_torch: ${checks} checks passed")
