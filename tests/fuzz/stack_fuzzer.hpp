@@ -132,15 +132,19 @@ public:
     const std::uint64_t id = world_->id_of(stream);
     add(p, bytes, {{id, world_->enqueued(id)}});
   }
-  /// The range was freed synchronously: every stream's queued work may still use it.
-  void freed_everywhere(std::uintptr_t p, std::size_t bytes, std::span<const cuda::stream_ref> streams)
+  /// The range was freed synchronously, as cudaFree frees: the queued work of every stream of the memory's
+  /// device (the fuzzer's upstream is device 0's) may still use it, and that of `last_user`, the stream the
+  /// block was used on, whichever device it runs on.
+  void freed_synchronously(std::uintptr_t p, std::size_t bytes, std::span<const cuda::stream_ref> streams, const cuda::stream_ref* last_user)
   {
     std::vector<entry> fence;
     const auto note = [&](std::uint64_t id) {
       if (world_->completed(id) < world_->enqueued(id)) fence.push_back({id, world_->enqueued(id)});
     };
     note(world_->id_of(simulated_streams::legacy()));
-    for (const auto s : streams) note(world_->id_of(s));
+    for (const auto s : streams)
+      if (world_->device_of(s) == 0 && s.get() != cudaStreamLegacy) note(world_->id_of(s));
+    if (last_user != nullptr && world_->device_of(*last_user) != 0) note(world_->id_of(*last_user));
     add(p, bytes, std::move(fence));
   }
 
@@ -273,12 +277,18 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
         const cuda::stream_ref on = b.on_stream ? b.stream : streams[rnd.below(streams.size())];
         world.launch(on);  // the block's last use, queued before its free
         safety.freed_on(it_address, b.bytes, on);
+        if constexpr (requires { stack->record_use(p, on); }) stack->record_use(p, on);  // checked<>: a use it was told of
         stack->deallocate_async(p, b.bytes, b.alignment, on);
         return;
       }
-      if (b.on_stream) world.launch(b.stream);
+      if (b.on_stream) {
+        world.launch(b.stream);
+        safety.freed_synchronously(it_address, b.bytes, streams, &b.stream);
+        stack->deallocate(p, b.bytes, b.alignment);
+        return;
+      }
     }
-    safety.freed_everywhere(it_address, b.bytes, streams);
+    safety.freed_synchronously(it_address, b.bytes, streams, nullptr);
     stack->deallocate(p, b.bytes, b.alignment);
   };
   hooks.on_oom = [&](std::size_t) {
