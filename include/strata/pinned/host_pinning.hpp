@@ -24,6 +24,7 @@
 
 #include <strata/core/cuda_check.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/detail/on_threads.hpp>
 #include <strata/pinned/pinning_backend.hpp>
 
 namespace strata {
@@ -201,13 +202,7 @@ private:
         for (std::size_t off = 0; off < n; off += pinned_pages::small) static_cast<volatile unsigned char*>(s)[off] = 0;
       }
     };
-    std::vector<std::thread> pool;
-    try {
-      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-    } catch (...) {  // fewer threads: this one does the rest
-    }
-    work();
-    for (auto& t : pool) t.join();
+    detail::run_on_threads(threads, work);
     return !failed.load();
   }
 

@@ -18,6 +18,7 @@
 
 #include <strata/core/cuda_check.hpp>
 #include <strata/core/errors.hpp>
+#include <strata/detail/on_threads.hpp>
 
 namespace strata {
 
@@ -64,13 +65,7 @@ inline void* pin_host(std::size_t bytes, unsigned threads = 0)
       else failed = true;
     }
   };
-  std::vector<std::thread> pool;
-  try {
-    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  } catch (...) {  // fewer threads: this one does the rest
-  }
-  work();
-  for (auto& t : pool) t.join();
+  detail::run_on_threads(threads, work);
   if (!failed) return p;
   for (std::size_t i = 0; i < chunks; ++i)
     if (done[i] != 0) (void)cudaHostUnregister(p + i * chunk);
