@@ -148,21 +148,24 @@ public:
   }
 
   /// Checks a hand-out of [p, p + bytes) to `stream` (`for_host`: to the host and every stream) and forgets the
-  /// fences over it; returns what was unsafe, or an empty string.
-  std::string handed_out(std::uintptr_t p, std::size_t bytes, cuda::stream_ref stream, bool for_host)
+  /// fences over the whole block, [p, p + footprint): its taker holds it all. Returns what was unsafe, or an
+  /// empty string.
+  std::string handed_out(std::uintptr_t p, std::size_t bytes, std::size_t footprint, cuda::stream_ref stream, bool for_host)
   {
     const std::uint64_t taker = for_host ? no_stream : world_->id_of(stream);
+    const std::uintptr_t end = p + std::max(bytes, footprint);
     std::string unsafe;
     auto it = first_overlapping(p);
-    while (it != ranges_.end() && it->first < p + bytes) {
+    while (it != ranges_.end() && it->first < end) {
+      const bool touched = it->first < p + bytes;  // the slack past the request is never touched
       for (const entry& e : it->second.fence) {
-        if (!unsafe.empty() || world_->completed(e.stream) >= e.ticket) continue;
+        if (!touched || !unsafe.empty() || world_->completed(e.stream) >= e.ticket) continue;
         if (taker == e.stream || (taker != no_stream && world_->ordered_after(taker, e.stream) >= e.ticket)) continue;
         unsafe = "memory freed on stream " + std::to_string(e.stream) + " after its work " + std::to_string(e.ticket) +
                  " (completed: " + std::to_string(world_->completed(e.stream)) + ") handed out " +
                  (for_host ? std::string("to the host") : "to stream " + std::to_string(taker));
       }
-      it = clip(it, p, p + bytes);
+      it = clip(it, p, end);
     }
     return unsafe;
   }
@@ -401,7 +404,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
     if (next != blocks.end() && next->first < a + bytes) fail(described() + " overlaps a live block of " + std::to_string(next->second.bytes) + " bytes");
     if (next != blocks.begin() && std::prev(next)->first + std::prev(next)->second.bytes > a)
       fail(described() + " lies inside a live block of " + std::to_string(std::prev(next)->second.bytes) + " bytes");
-    if (const std::string unsafe = safety.handed_out(a, bytes, s, !on_stream); !unsafe.empty())
+    if (const std::string unsafe = safety.handed_out(a, bytes, good_size_of(bytes, alignment), s, !on_stream); !unsafe.empty())
       fail(described() + (on_stream ? " on a stream: " : " (synchronous): ") + unsafe);
     blocks[a] = live{bytes, alignment, good_size_of(bytes, alignment), s, on_stream};
     ++report.allocations;
@@ -423,9 +426,14 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
       }
       it = next;
     }
+    if (!handed.empty()) world.finish(old);  // the program orders the successor after the old stream's use
     world.destroy(old);
     streams[k] = world.create(static_cast<int>(rnd.below(2)));
-    for (const std::uintptr_t a : handed) blocks.at(a).stream = streams[k];
+    for (const std::uintptr_t a : handed) {
+      blocks.at(a).stream = streams[k];
+      if constexpr (requires(void* q) { stack->record_use(q, streams[k]); })
+        stack->record_use(reinterpret_cast<void*>(a), streams[k]);  // checked<>: a use it was told of
+    }
     ++report.streams_replaced;
     // Sometimes the successor gives one block up at once and the host takes memory of its size (a staging
     // buffer): the hand-out must wait for the successor's use, whatever handle and device it has.
@@ -444,7 +452,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
         return;
       }
       const auto a = reinterpret_cast<std::uintptr_t>(q);
-      if (const std::string unsafe = safety.handed_out(a, b.bytes, b.stream, /*for_host=*/true); !unsafe.empty())
+      if (const std::string unsafe = safety.handed_out(a, b.bytes, good_size_of(b.bytes, b.alignment), b.stream, /*for_host=*/true); !unsafe.empty())
         fail("allocate(" + std::to_string(b.bytes) + ") (synchronous, after a successor's free): " + unsafe);
       blocks[a] = live{b.bytes, b.alignment, good_size_of(b.bytes, b.alignment), b.stream, false};
       ++report.allocations;
