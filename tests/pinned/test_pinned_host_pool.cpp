@@ -44,7 +44,8 @@ TEST_CASE("pinned_host_pool conforms")
   auto pool = f.make();
   testing::check_conformance(pool, {.max_alignment = 4096, .rejects_above = 4096, .host_accessible = true, .device_accessible = true});
   CHECK(pool.usage().in_use == 0);
-  CHECK(pool.release() == f.host.pinned() - 0);
+  const std::size_t pinned_before = f.host.pinned();  // read first: the operands of == are unsequenced
+  CHECK(pool.release() == pinned_before);
   CHECK(f.host.pinned() == 0);
   CHECK(f.host.mismatched_unpins() == 0);
 }
