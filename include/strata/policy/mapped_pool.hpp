@@ -21,10 +21,10 @@
 #include <strata/core/properties.hpp>
 #include <strata/core/snapshot.hpp>
 #include <strata/core/usage.hpp>
-#include <strata/detail/backup_store.hpp>
-#include <strata/detail/mapped_core.hpp>
-#include <strata/detail/tag_sleep.hpp>
-#include <strata/detail/borrowed_pages.hpp>
+#include <strata/detail/pages/backup_store.hpp>
+#include <strata/detail/pages/mapped_core.hpp>
+#include <strata/detail/pages/tag_sleep.hpp>
+#include <strata/detail/pages/borrowed_pages.hpp>
 #include <strata/pages/page_backend.hpp>
 #include <strata/sleep/tag_scope.hpp>
 
@@ -33,17 +33,17 @@ namespace strata {
 /// A pool over page-mapped memory (CUDA virtual memory management; docs/architecture.md, "Page-mapped
 /// memory"). Two large address ranges are reserved, for requests up to `small_limit` and for larger ones,
 /// each one TLSF pool whose free blocks merge across page boundaries (detail/address_range.hpp). Physical
-/// memory stands only behind pages live blocks touch (detail/page_table.hpp): a run of unmapped pages gets one
+/// memory stands only behind pages live blocks touch (detail/pages/page_table.hpp): a run of unmapped pages gets one
 /// physical allocation. A mapping no live block touches stays mapped ("idle") and is reused in place; it is
-/// given back only when a new mapping would lift the memory held above the budget (detail/reclaim_budget.hpp),
-/// first by relocating idle allocations to where they are needed (detail/mapping_relocation.hpp), then by
+/// given back only when a new mapping would lift the memory held above the budget (detail/pages/reclaim_budget.hpp),
+/// first by relocating idle allocations to where they are needed (detail/pages/mapping_relocation.hpp), then by
 /// one device wait and unmapping those idle longest. release() gives every idle mapping back.
 ///
 /// Tags (docs/sleep_wake.md): every allocation carries a tag, the calling thread's (`tag_scope`, 0 by default)
 /// or the one `allocate_tagged` names. Each tag has address ranges, mappings and idle memory of its own
-/// (detail/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
+/// (detail/pages/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
 /// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
-/// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/backup_store.hpp). A tag's
+/// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/pages/backup_store.hpp). A tag's
 /// idle memory serves only that tag. `max_physical` counts every tag's mapped pages: at the cap a tag gives
 /// its own idle memory back first, and when that or the device runs out, the other tags' idle memory.
 ///

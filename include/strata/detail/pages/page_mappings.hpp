@@ -16,10 +16,10 @@
 
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/emptied_on_move.hpp>
-#include <strata/detail/mapping_slots.hpp>
-#include <strata/detail/page_range.hpp>
-#include <strata/detail/spare_allocations.hpp>
-#include <strata/pages/page_backend.hpp>
+#include <strata/detail/pages/mapping_slots.hpp>
+#include <strata/detail/pages/page_range.hpp>
+#include <strata/detail/pages/spare_allocations.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 
 namespace strata::detail {
 

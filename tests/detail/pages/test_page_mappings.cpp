@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include <strata/detail/page_mappings.hpp>
+#include <strata/detail/pages/page_mappings.hpp>
 #include <strata/pages/simulated_pages.hpp>
 
 using namespace strata;

@@ -8,7 +8,7 @@
 #include <random>
 #include <type_traits>
 
-#include <strata/detail/mapped_runs.hpp>
+#include <strata/detail/pages/mapped_runs.hpp>
 
 using strata::detail::mapped_run;
 using strata::detail::mapped_runs;

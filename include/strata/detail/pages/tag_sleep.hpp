@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <strata/core/errors.hpp>
-#include <strata/detail/backup_store.hpp>
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/core/tag_id.hpp>
+#include <strata/detail/pages/backup_store.hpp>
 
 namespace strata::detail {
 

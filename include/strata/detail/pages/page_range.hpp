@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <strata/detail/mapped_runs.hpp>
+#include <strata/detail/pages/mapped_runs.hpp>
 
 namespace strata::detail {
 

@@ -11,7 +11,7 @@
 
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/object_pool.hpp>
-#include <strata/detail/page_table.hpp>
+#include <strata/detail/pages/page_table.hpp>
 
 namespace strata::detail {
 

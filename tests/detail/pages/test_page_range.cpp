@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <strata/detail/page_range.hpp>
+#include <strata/detail/pages/page_range.hpp>
 
 using strata::detail::page_piece;
 using strata::detail::page_range;

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include <strata/detail/persistent_rate.hpp>
+#include <strata/detail/pages/persistent_rate.hpp>
 
 using strata::detail::persistent_rate;
 

@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <utility>
 
-#include <strata/detail/page_mappings.hpp>
-#include <strata/detail/page_range.hpp>
+#include <strata/detail/pages/page_mappings.hpp>
+#include <strata/detail/pages/page_range.hpp>
 
 namespace strata::detail {
 

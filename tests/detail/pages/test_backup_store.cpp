@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include <strata/detail/backup_store.hpp>
+#include <strata/detail/pages/backup_store.hpp>
 
 using strata::detail::backup_store;
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <strata/detail/mapping_relocation.hpp>
+#include <strata/detail/pages/mapping_relocation.hpp>
 #include <strata/pages/simulated_pages.hpp>
 
 using namespace strata;

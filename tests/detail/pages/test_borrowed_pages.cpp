@@ -2,7 +2,7 @@
 // owner; waits the owner has covered are skipped.
 #include <doctest/doctest.h>
 
-#include <strata/detail/borrowed_pages.hpp>
+#include <strata/detail/pages/borrowed_pages.hpp>
 #include <strata/pages/simulated_pages.hpp>
 
 using namespace strata;

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include <strata/detail/mapped_core.hpp>
+#include <strata/detail/pages/mapped_core.hpp>
 #include <strata/pages/simulated_pages.hpp>
 
 using namespace strata;

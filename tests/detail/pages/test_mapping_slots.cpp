@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <strata/detail/mapping_slots.hpp>
+#include <strata/detail/pages/mapping_slots.hpp>
 
 namespace {
 using slots_t = strata::detail::mapping_slots<int>;

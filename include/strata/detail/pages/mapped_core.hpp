@@ -24,13 +24,13 @@
 #include <strata/core/usage.hpp>
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/emptied_on_move.hpp>
-#include <strata/detail/mapping_relocation.hpp>
+#include <strata/detail/pages/mapping_relocation.hpp>
 #include <strata/detail/object_pool.hpp>
-#include <strata/detail/page_table.hpp>
+#include <strata/detail/pages/page_table.hpp>
 #include <strata/detail/pointer_map.hpp>
-#include <strata/detail/reclaim_budget.hpp>
+#include <strata/detail/pages/reclaim_budget.hpp>
 #include <strata/detail/tlsf_lists.hpp>
-#include <strata/pages/page_backend.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 
 namespace strata::detail {
 
@@ -38,10 +38,10 @@ namespace strata::detail {
 /// memory"): mapped_pool's body, one per tag, over a backend it borrows from mapped_pool, with the live-block
 /// listing and restore() that pause and resume use. Two large address ranges are reserved, for requests up to `small_limit` and for larger ones,
 /// each one TLSF pool whose free blocks merge across page boundaries (detail/address_range.hpp). Physical
-/// memory stands only behind pages live blocks touch (detail/page_table.hpp): a run of unmapped pages gets one
+/// memory stands only behind pages live blocks touch (detail/pages/page_table.hpp): a run of unmapped pages gets one
 /// physical allocation. A mapping no live block touches stays mapped ("idle") and is reused in place; it is
-/// given back only when a new mapping would lift the memory held above the budget (detail/reclaim_budget.hpp),
-/// first by relocating idle allocations to where they are needed (detail/mapping_relocation.hpp), then by
+/// given back only when a new mapping would lift the memory held above the budget (detail/pages/reclaim_budget.hpp),
+/// first by relocating idle allocations to where they are needed (detail/pages/mapping_relocation.hpp), then by
 /// one device wait and unmapping those idle longest. release() gives every idle mapping back.
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <utility>
 
-#include <strata/detail/persistent_rate.hpp>
+#include <strata/detail/pages/persistent_rate.hpp>
 
 namespace strata::detail {
 

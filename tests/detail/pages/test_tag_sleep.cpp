@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <strata/detail/tag_sleep.hpp>
+#include <strata/detail/pages/tag_sleep.hpp>
 
 using namespace strata::detail;
 

@@ -6,7 +6,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <strata/detail/spare_allocations.hpp>
+#include <strata/detail/pages/spare_allocations.hpp>
 
 using strata::detail::spare_allocations;
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <utility>
 
-#include <strata/detail/reclaim_budget.hpp>
+#include <strata/detail/pages/reclaim_budget.hpp>
 
 using strata::detail::reclaim_budget;
 

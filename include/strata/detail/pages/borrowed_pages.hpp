@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include <strata/core/properties.hpp>
-#include <strata/pages/page_backend.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 
 namespace strata::detail {
 

@@ -1,0 +1,16 @@
+#pragma once
+// Tags name groups of allocations that sleep and wake together (mapped_pool::pause / resume): a trainer's
+// weights and optimizer state under one tag, an inference engine's KV cache under another. The tag type
+// itself, for the layers that carry tags; which tag the calling thread's allocations carry is
+// sleep/tag_scope.hpp's.
+#include <cstdint>
+
+namespace strata {
+
+/// A tag: a small integer naming a group of allocations; 0, the default, is every untagged allocation.
+using tag_id = std::uint32_t;
+
+/// The most distinct tags a pool serves (tags 0 to max_tags - 1): each costs two reserved address ranges.
+inline constexpr tag_id max_tags = 1024;
+
+} // namespace strata
