@@ -24,13 +24,14 @@
 #include <strata/core/usage.hpp>
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/emptied_on_move.hpp>
-#include <strata/detail/pages/mapping_relocation.hpp>
 #include <strata/detail/object_pool.hpp>
-#include <strata/detail/pages/page_table.hpp>
-#include <strata/detail/pointer_map.hpp>
-#include <strata/detail/pages/reclaim_budget.hpp>
-#include <strata/detail/tlsf_lists.hpp>
+#include <strata/detail/pages/mapping_relocation.hpp>
 #include <strata/detail/pages/page_backend.hpp>
+#include <strata/detail/pages/page_mappings.hpp>
+#include <strata/detail/pages/page_table.hpp>
+#include <strata/detail/pages/reclaim_budget.hpp>
+#include <strata/detail/pointer_map.hpp>
+#include <strata/detail/tlsf_lists.hpp>
 
 namespace strata::detail {
 
@@ -43,6 +44,10 @@ namespace strata::detail {
 /// given back only when a new mapping would lift the memory held above the budget (detail/pages/reclaim_budget.hpp),
 /// first by relocating idle allocations to where they are needed (detail/pages/mapping_relocation.hpp), then by
 /// one device wait and unmapping those idle longest. release() gives every idle mapping back.
+///
+/// Its parts are members: the page table (live blocks per page), which holds the mappings (page_mappings.hpp:
+/// the backend and everything taken from it); the budget; each range's blocks and their nodes; the live-block
+/// map. Relocation is a view made per call over the mappings and the blocks (relocation()).
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
 /// Models: resource, owning, releasable, sized, usage, snapshot, room-reporting; the backend's properties.
@@ -95,7 +100,7 @@ public:
   mapped_core() requires std::default_initializable<Backend> : mapped_core(Backend{}, options{}) {}
   explicit mapped_core(Backend backend) : mapped_core(std::move(backend), options{}) {}
   mapped_core(Backend backend, options opts)
-      : table_(std::move(backend)), opts_(checked(opts, table_.page_size())),
+      : table_(std::move(backend)), opts_(checked(opts, maps().page_size())),
         budget_({.max_physical = opts.max_physical, .reclaim_slack = opts.reclaim_slack, .reclaim_slack_fraction = opts.reclaim_slack_fraction,
                  .reclaim_headroom_fraction = opts.reclaim_headroom_fraction, .relocate_idle = opts.relocate_idle,
                  .persistent_reclaim_window = opts.persistent_reclaim_window})
@@ -116,9 +121,9 @@ public:
     if (bytes > opts_.address_space / 2) throw_oom(bytes, "larger than the pool's address range");
     const std::size_t size = align_up(bytes, granule);
     const std::uint32_t band = band_for(size);
-    if (table_.stale_covered() != 0 || table_.stale_bytes() > opts_.stale_address_limit) [[unlikely]]
-      relocation().tidy(table_.stale_bytes() > opts_.stale_address_limit);
-    if (table_.band(band).size != 0) return allocate_in(band, bytes, size, effective_alignment(alignment));
+    if (maps().stale_covered() != 0 || maps().stale_bytes() > opts_.stale_address_limit) [[unlikely]]
+      relocation().tidy(maps().stale_bytes() > opts_.stale_address_limit);
+    if (maps().band(band).size != 0) return allocate_in(band, bytes, size, effective_alignment(alignment));
     reserve_band(band, bytes);
     try {
       return allocate_in(band, bytes, size, effective_alignment(alignment));
@@ -136,10 +141,10 @@ public:
     if (p == nullptr) return false;
     block* b = nullptr;
     if (!used_.take(p, &b)) return false;
-    const std::uint32_t band = table_.band_of(b->address);
-    auto& r = table_.band(band);
+    const std::uint32_t band = maps().band_of(b->address);
+    auto& r = maps().band(band);
     in_use_.bytes -= b->size;
-    table_.let_go(r, table_.page_of(r, b->address), table_.page_of(r, b->address + b->size - 1));
+    table_.let_go(r, maps().page_of(r, b->address), maps().page_of(r, b->address + b->size - 1));
     blocks_[band].release(b, nodes_);
     return true;
   }
@@ -149,7 +154,7 @@ public:
   {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     for (std::uint32_t band = 0; band < 2; ++band)
-      if (table_.band(band).size != 0 && a - table_.band(band).base < table_.band(band).size) return true;
+      if (maps().band(band).size != 0 && a - maps().band(band).base < maps().band(band).size) return true;
     return false;
   }
 
@@ -172,7 +177,7 @@ public:
     try {
       std::array<block*, 2> cursor{blocks_[0].first, blocks_[1].first};
       for (const auto& [address, size] : blocks) {
-        const std::uint32_t band = table_.band_of(address);
+        const std::uint32_t band = maps().band_of(address);
         block*& b = cursor[band];
         while (b != nullptr && b->address + b->size <= address) b = b->next;
         if (b == nullptr || !b->free || b->address > address || b->address + b->size < address + size)
@@ -205,7 +210,7 @@ public:
     const std::size_t size = align_up(bytes, granule);
     const std::size_t align = effective_alignment(alignment);
     const std::uint32_t band = band_for(size);
-    if (table_.band(band).size == 0) return false;
+    if (maps().band(band).size == 0) return false;
     const auto found = place(band, size, align);
     return found.block != nullptr && found.cost == 0;
   }
@@ -214,7 +219,7 @@ public:
   bool owns(const void* p) const noexcept { return used_.contains(p); }
 
   /// Whether release() would give anything back (and so wait for the device).
-  bool holds_idle() const noexcept { return table_.idle_bytes() > 0 || table_.has_stale(); }
+  bool holds_idle() const noexcept { return maps().idle_bytes() > 0 || maps().has_stale(); }
   /// max_physical counts `elsewhere` bytes held by other pools on the backend (mapped_pool's other tags): until
   /// the next call, this pool maps only what they leave under it, room mapped ahead included. O(1).
   void share_cap(std::size_t elsewhere) noexcept { budget_.set_cap(opts_.max_physical - std::min(opts_.max_physical, elsewhere)); }
@@ -231,18 +236,18 @@ public:
   /// left; returns the bytes given back.
   std::size_t release()
   {
-    const std::size_t before = table_.physical();
-    if (table_.idle_bytes() > 0 || table_.has_stale()) table_.reclaim(nullptr, 0, 0, SIZE_MAX, table_.stale_count());
+    const std::size_t before = maps().physical();
+    if (maps().idle_bytes() > 0 || maps().has_stale()) maps().reclaim(nullptr, 0, 0, SIZE_MAX, maps().stale_count());
     relocation().tidy(false);
-    budget_.restart(table_.physical());  // asked to give memory back: growing to the old peak again is growth
-    return before - table_.physical();
+    budget_.restart(maps().physical());  // asked to give memory back: growing to the old peak again is growth
+    return before - maps().physical();
   }
 
   strata::usage usage() const noexcept
   {
     const std::size_t largest = std::max(blocks_[0].free.largest(), blocks_[1].free.largest());
-    return {.reserved = table_.physical(), .in_use = in_use_.bytes, .largest_free = std::min(largest, table_.physical() - in_use_.bytes),
-            .chunks = table_.mappings_live(), .used_blocks = used_.size(), .free_blocks = blocks_[0].free.count() + blocks_[1].free.count()};
+    return {.reserved = maps().physical(), .in_use = in_use_.bytes, .largest_free = std::min(largest, maps().physical() - in_use_.bytes),
+            .chunks = maps().mappings_live(), .used_blocks = used_.size(), .free_blocks = blocks_[0].free.count() + blocks_[1].free.count()};
   }
 
   /// Each address range up to the end of its page table (the highest page touched, rounded up as the table
@@ -251,7 +256,7 @@ public:
   {
     strata::snapshot s{.box = "mapped_pool", .segments = {}};
     for (std::uint32_t band = 0; band < 2; ++band) {
-      const auto& r = table_.band(band);
+      const auto& r = maps().band(band);
       if (r.size == 0 || r.pages.empty()) continue;
       const std::size_t extent = r.pages.size() * page_size();
       segment_info seg{.address = r.base, .size = extent, .blocks = {}};
@@ -262,29 +267,29 @@ public:
     return s;
   }
 
-  std::size_t page_size() const noexcept { return table_.page_size(); }
+  std::size_t page_size() const noexcept { return maps().page_size(); }
   /// Physical memory held now, and the most ever held.
-  std::size_t physical_bytes() const noexcept { return table_.physical(); }
-  std::size_t peak_physical_bytes() const noexcept { return table_.peak_physical(); }
+  std::size_t physical_bytes() const noexcept { return maps().physical(); }
+  std::size_t peak_physical_bytes() const noexcept { return maps().peak_physical(); }
   /// Physical memory mapped behind no live block (reused in place, or reclaimed).
-  std::size_t idle_bytes() const noexcept { return table_.idle_bytes(); }
+  std::size_t idle_bytes() const noexcept { return maps().idle_bytes(); }
   /// The pages live blocks touch now, and at most: what page-granular memory would hold at the least, the
   /// floor under physical_bytes() whatever the mapping sizes.
   std::size_t live_page_bytes() const noexcept { return table_.live_pages() * page_size(); }
   std::size_t peak_live_page_bytes() const noexcept { return table_.peak_live_pages() * page_size(); }
-  std::size_t mappings() const noexcept { return table_.mappings_live(); }
+  std::size_t mappings() const noexcept { return maps().mappings_live(); }
   /// Idle physical allocations moved to where new blocks needed memory (instead of waiting to give them back).
-  std::uint64_t relocations() const noexcept { return table_.relocations(); }
+  std::uint64_t relocations() const noexcept { return maps().relocations(); }
   /// Whether idle memory is relocated before the pool waits to reclaim it: relocate_idle, or a persistent
   /// reclaim rate seen since the last release() (options::persistent_reclaim_window).
   bool relocating() const noexcept { return budget_.relocating(); }
   /// Address space left mapped by relocations and not yet unmapped (aliases of memory held: no physical cost).
-  std::size_t stale_bytes() const noexcept { return table_.stale_bytes(); }
+  std::size_t stale_bytes() const noexcept { return maps().stale_bytes(); }
   /// Per-page entries of the page table written so far: a block's first and last pages per allocation and
   /// free, every page of a mapping made, moved or dropped.
   std::uint64_t page_state_updates() const noexcept { return table_.page_state_updates(); }
   /// Driver calls made so far (creates, maps, unmaps, device waits...).
-  const page_counters& page_calls() const noexcept { return table_.backend().counts(); }
+  const page_counters& page_calls() const noexcept { return maps().backend().counts(); }
   void reset_peak() noexcept { table_.reset_peak(); }
 
   /// One physical allocation behind part of a live block: where it is mapped, its size, the backend's handle.
@@ -302,17 +307,17 @@ public:
     const block* const* found = used_.find(p);
     if (found == nullptr) return out;
     const block& b = **found;
-    const auto& r = table_.band(table_.band_of(b.address));
+    const auto& r = maps().band(maps().band_of(b.address));
     const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
-    table_.for_each_piece(r, table_.page_of(r, start), table_.page_of(r, b.address + b.size - 1), [&](const typename table::piece& pc) {
-      const auto& mp = table_.slot(pc.slot);
-      out.push_back({table_.address_of(r, mp.first), table_.bytes_of(mp), mp.page});
+    maps().for_each_piece(r, maps().page_of(r, start), maps().page_of(r, b.address + b.size - 1), [&](const typename table::piece& pc) {
+      const auto& mp = maps().slot(pc.slot);
+      out.push_back({maps().address_of(r, mp.first), maps().bytes_of(mp), mp.page});
     });
     return out;
   }
 
-  Backend& backend() noexcept { return table_.backend(); }
-  const Backend& backend() const noexcept { return table_.backend(); }
+  Backend& backend() noexcept { return maps().backend(); }
+  const Backend& backend() const noexcept { return maps().backend(); }
   const options& settings() const noexcept { return opts_; }
 
 private:
@@ -344,20 +349,24 @@ private:
 
   [[noreturn]] void throw_oom(std::size_t bytes, const std::string& why) const
   {
-    throw out_of_memory("mapped_pool", bytes, why + "; physical " + std::to_string(table_.physical()) + " bytes, in use " +
+    throw out_of_memory("mapped_pool", bytes, why + "; physical " + std::to_string(maps().physical()) + " bytes, in use " +
                                                 std::to_string(in_use_.bytes) + " bytes");
   }
 
   std::uint32_t band_for(std::size_t size) const noexcept { return size <= opts_.small_limit ? 0 : 1; }
   std::size_t max_run() const noexcept { return std::max<std::size_t>(1, opts_.max_mapping / page_size()); }
-  mapping_relocation<Backend> relocation() noexcept { return {table_, blocks_, nodes_}; }
+  /// The mappings behind the pages (the table's member): reserving, mapping, reclaiming, the counts.
+  page_mappings<Backend>& maps() noexcept { return table_.mappings(); }
+  const page_mappings<Backend>& maps() const noexcept { return table_.mappings(); }
+  /// Relocation, given the mappings and this pool's blocks to work on.
+  mapping_relocation<Backend> relocation() noexcept { return {table_.mappings(), blocks_, nodes_}; }
 
   void reserve_band(std::uint32_t band, std::size_t bytes)
   {
     block* whole = nodes_.make();
     std::uintptr_t base = 0;
     try {
-      base = table_.reserve(band, opts_.address_space, max_alignment);
+      base = maps().reserve(band, opts_.address_space, max_alignment);
     } catch (const out_of_memory&) {
       nodes_.recycle(whole);
       throw_oom(bytes, "cannot reserve an address range");
@@ -373,14 +382,14 @@ private:
   void unreserve_band(std::uint32_t band) noexcept
   {
     nodes_.recycle(blocks_[band].first);
-    table_.unreserve(band);
+    maps().unreserve(band);
     blocks_[band] = block_range{};
   }
 
   void* allocate_in(std::uint32_t band, std::size_t bytes, std::size_t size, std::size_t align)
   {
     auto found = place(band, size, align);
-    if (found.block == nullptr && table_.has_stale()) {  // address space held by stale ranges: wait, give it back, try again
+    if (found.block == nullptr && maps().has_stale()) {  // address space held by stale ranges: wait, give it back, try again
       relocation().tidy(true);
       found = place(band, size, align);
     }
@@ -394,9 +403,9 @@ private:
   /// so there is nothing to look up or map.
   block* hand_out(std::uint32_t band, block* b, std::uintptr_t start, std::size_t size, std::size_t bytes, bool mapped)
   {
-    range& r = table_.band(band);
-    const page_span span{table_.page_of(r, start), table_.page_of(r, start + size - 1), table_.page_of(r, b->address),
-                         table_.page_of(r, b->address + b->size - 1)};
+    range& r = maps().band(band);
+    const page_span span{maps().page_of(r, start), maps().page_of(r, start + size - 1), maps().page_of(r, b->address),
+                         maps().page_of(r, b->address + b->size - 1)};
     block* rest = start > b->address ? nodes_.make() : nullptr;
     block* tail = nullptr;
     try {
@@ -428,7 +437,7 @@ private:
   /// physical memory added) among the first few that fit, with the number of its pages not mapped.
   placement place(std::uint32_t band, std::size_t size, std::size_t align) const noexcept
   {
-    const auto& r = table_.band(band);
+    const auto& r = maps().band(band);
     return blocks_[band].free.find_cheapest(size + (align - granule), opts_.placement_candidates,
                                             [&](const block* b) { return table_.unmapped_pages(r, align_address(b->address, align), size); });
   }
@@ -438,15 +447,15 @@ private:
   /// stays reclaimed (no live block moves; only `reserved` can be lower).
   void map_missing(std::uint32_t band, page_span span, std::size_t bytes, std::size_t live_after)
   {
-    range& r = table_.band(band);
-    if (span.last >= r.pages.size()) table_.grow(r, span.last + 1);
+    range& r = maps().band(band);
+    if (span.last >= r.pages.size()) maps().grow(r, span.last + 1);
     const auto census = table_.census(r, span.first, span.last);
     if (census.unmapped == 0) return;
     // The last run reaches min(min_mapping, min_mapping_fraction of the memory held) over the free pages after
     // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
-    const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(table_.physical()));
+    const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(maps().physical()));
     std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
-    if (table_.physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
+    if (maps().physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
     map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
   }
 
@@ -459,48 +468,48 @@ private:
   {
     const std::size_t first = span.first;
     const std::size_t needed_at_first = needed;
-    std::size_t idle_elsewhere = table_.idle_bytes() - idle_in_range;
+    std::size_t idle_elsewhere = maps().idle_bytes() - idle_in_range;
     const std::size_t budget = budget_.limit(live_after);
-    const std::size_t stale_before = table_.stale_count();
+    const std::size_t stale_before = maps().stale_count();
     try {
-      if (table_.physical() + needed > budget && idle_elsewhere > 0 && budget_.relocating() && may_relocate) {
+      if (maps().physical() + needed > budget && idle_elsewhere > 0 && budget_.relocating() && may_relocate) {
         const auto moved = relocation().relocate(r, first, last, span, max_run());
         needed -= moved.covered;
         idle_elsewhere -= moved.bytes;
         // A relocated allocation longer than what it covers holds its spare pages where they may not help:
         // where that leaves the request over the cap, reclaiming alone may still fit it.
-        if (table_.physical() + needed > budget_.cap() && table_.physical() + needed - budget_.cap() > idle_elsewhere &&
-            table_.stale_count() > stale_before) {
+        if (maps().physical() + needed > budget_.cap() && maps().physical() + needed - budget_.cap() > idle_elsewhere &&
+            maps().stale_count() > stale_before) {
           relocation().undo(stale_before);
-          if (table_.stale_count() == stale_before)
+          if (maps().stale_count() == stale_before)
             return map_runs(r, span, last, needed_at_first, idle_in_range, bytes, live_after, false);
         }
       }
-      if (table_.physical() + needed > budget && idle_elsewhere > 0) {
+      if (maps().physical() + needed > budget && idle_elsewhere > 0) {
         // Reclaiming under the cap only keeps memory low: if it fails (its device wait, say, under capture or
         // on a sticky error), the allocation still fits, so it goes on and the idle memory stays for a later
         // reclaim. Only a reclaim that the cap needs makes the allocation fail.
-        const bool for_cap = table_.physical() + needed > budget_.cap();
+        const bool for_cap = maps().physical() + needed > budget_.cap();
         try {
-          table_.reclaim(&r, first, last, table_.physical() + needed - budget, stale_before, /*keep_spares=*/true);
+          maps().reclaim(&r, first, last, maps().physical() + needed - budget, stale_before, /*keep_spares=*/true);
         } catch (...) {
           if (for_cap) throw;
         }
         if (!for_cap) budget_.reclaimed_under_mark();
       }
-      if (table_.physical() + needed > budget_.cap())
+      if (maps().physical() + needed > budget_.cap())
         throw_oom(bytes, "the physical cap of " + std::to_string(opts_.max_physical) + " bytes is reached" +
                              (budget_.cap() < opts_.max_physical ? " by all tags together" : ""));
-      if (needed > 0) table_.map_unmapped(r, first, last, needed, max_run(), [this] { budget_.held(table_.physical()); });
+      if (needed > 0) maps().map_unmapped(r, first, last, needed, max_run(), [this] { budget_.held(maps().physical()); });
     } catch (...) {
-      table_.drop_spares();
+      maps().drop_spares();
       relocation().undo(stale_before);
       throw;
     }
-    table_.drop_spares();  // the memory reclaimed that no new mapping of its size took
+    maps().drop_spares();  // the memory reclaimed that no new mapping of its size took
   }
 
-  table table_;  // owns the backend and everything taken from it
+  table table_;  // owns the mappings, and through them the backend and everything taken from it
   options opts_;
   reclaim_budget budget_;
   emptied_on_move<object_pool<block>> nodes_;

@@ -1,14 +1,21 @@
 #pragma once
 // The physical allocations ("mappings") behind mapped_pool's two reserved address ranges: reserving the
 // ranges, mapping runs of pages, reclaiming idle mappings, and the ranges relocations left mapped ("stale
-// ranges", mapping_relocation.hpp). It owns the backend and everything taken from it: destroyed, or assigned
-// to, it waits for the device once and gives every mapping, stale range and address range back; a move leaves
-// the other empty. Which live blocks use which pages is page_table.hpp's, built on this.
+// ranges"). It owns the backend and everything taken from it: destroyed, or assigned to, it waits for the
+// device once and gives every mapping, stale range and address range back; a move leaves the other empty.
+//
+// Two parts work through its interface, never its state. The page table (page_table.hpp), which holds it,
+// counts the live blocks on each page and tells it which mappings they touch (add_busy / remove_busy): that
+// is what makes a mapping idle, and so what reclaim takes. Relocation (mapping_relocation.hpp) picks idle
+// allocations from idle_queue() and moves them with map_again / record_move, undoes moves with undo_moves and
+// gives stale ranges back with tidy_stale; the blocks that hold stale ranges out of use are its, handed back
+// to it through a callback.
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -17,23 +24,21 @@
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/emptied_on_move.hpp>
 #include <strata/detail/pages/mapping_slots.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 #include <strata/detail/pages/page_range.hpp>
 #include <strata/detail/pages/spare_allocations.hpp>
-#include <strata/detail/pages/page_backend.hpp>
 
 namespace strata::detail {
-
-template <class Backend>
-class mapping_relocation;
 
 /// Models the owner of a backend's reservations and allocations, with the records (mapping_slots.hpp), page
 /// entries (page_range.hpp) and spares (spare_allocations.hpp) that say where each allocation is mapped.
 /// Cost: a new mapping three backend calls (two where it takes a spare a reclaim left; runs mapped back to
 /// back in one call share their access call), writing its pages' entries once and inserting it in its
 /// range's run order; reclaim one device wait and two backend calls per
-/// mapping given back (one where it is kept as a spare; a scan of the idle queue). The backend's page size
-/// must be a power of two (a page number is a shift away).
-/// Never allocates but in grow, map_unmapped, reserve_runs and reclaim, which change nothing when they throw.
+/// mapping given back (one where it is kept as a spare; a scan of the idle queue); add_busy, remove_busy O(1);
+/// a move two backend calls, undoing one one. The backend's page size must be a power of two (a page number is
+/// a shift away, kept here: asking the backend at every step would put a load through its handle on the way).
+/// Never allocates but in grow, map_unmapped, map_again and reclaim, which change nothing when they throw.
 template <page_backend Backend>
 class page_mappings {
 public:
@@ -57,8 +62,10 @@ public:
 
   explicit page_mappings(Backend backend) : backend_(std::move(backend))
   {
-    if (!std::has_single_bit(page_size()))
-      throw std::invalid_argument("mapped_pool: the page backend's page size " + std::to_string(page_size()) + " is not a power of two");
+    const std::size_t page = backend_.page_size();
+    if (!std::has_single_bit(page))
+      throw std::invalid_argument("mapped_pool: the page backend's page size " + std::to_string(page) + " is not a power of two");
+    page_shift_ = static_cast<unsigned>(std::countr_zero(page));
   }
   page_mappings(page_mappings&&) noexcept = default;
   page_mappings& operator=(page_mappings&& other) noexcept
@@ -67,6 +74,7 @@ public:
       give_back_all();
       backend_ = std::move(other.backend_);
       s_ = std::move(other.s_);
+      page_shift_ = other.page_shift_;
     }
     return *this;
   }
@@ -76,22 +84,22 @@ public:
 
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
-  std::size_t page_size() const noexcept { return backend_.page_size(); }
+  std::size_t page_size() const noexcept { return std::size_t{1} << page_shift_; }
 
   range& band(std::uint32_t i) noexcept { return s_.ranges[i]; }
   const range& band(std::uint32_t i) const noexcept { return s_.ranges[i]; }
   std::uint32_t index_of(const range& r) const noexcept { return static_cast<std::uint32_t>(&r - s_.ranges.data()); }
   std::uint32_t band_of(std::uintptr_t address) const noexcept { return address - s_.ranges[0].base < s_.ranges[0].size ? 0 : 1; }
-  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) >> std::countr_zero(page_size()); }
-  std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + page * page_size(); }
-  std::size_t bytes_of(const mapping& m) const noexcept { return m.count * page_size(); }
+  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) >> page_shift_; }
+  std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + (page << page_shift_); }
+  std::size_t bytes_of(const mapping& m) const noexcept { return m.count << page_shift_; }
   const mapping& slot(std::uint32_t i) const noexcept { return s_.mappings[i]; }
+  /// Every record by slot (removed ones empty): what page_range's lookups take.
+  const std::vector<mapping>& records() const noexcept { return s_.mappings; }
 
   std::size_t physical() const noexcept { return s_.physical; }
   std::size_t peak_physical() const noexcept { return s_.peak_physical; }
   std::size_t idle_bytes() const noexcept { return s_.idle_bytes; }
-  std::size_t live_pages() const noexcept { return s_.live_pages; }
-  std::size_t peak_live_pages() const noexcept { return s_.peak_live_pages; }
   std::size_t mappings_live() const noexcept { return s_.mappings_live; }
   std::size_t stale_bytes() const noexcept { return s_.stale_bytes; }
   bool has_stale() const noexcept { return !s_.stale.empty(); }
@@ -99,14 +107,10 @@ public:
   /// How many of the oldest stale ranges a device wait has covered (they can be given back without one).
   std::size_t stale_covered() const noexcept { return s_.stale_safe; }
   std::uint64_t relocations() const noexcept { return s_.relocations; }
-  /// Per-page entries written so far (live counts and the mapping behind a page): what a block's size would
-  /// cost if page state were kept page by page.
+  /// Per-page entries naming the mapping behind a page written so far (the page table counts the live counts
+  /// it writes): what a mapping's size would cost if page state were kept page by page.
   std::uint64_t page_state_updates() const noexcept { return s_.page_state_updates; }
-  void reset_peak() noexcept
-  {
-    s_.peak_physical = s_.physical;
-    s_.peak_live_pages = s_.live_pages;
-  }
+  void reset_peak() noexcept { s_.peak_physical = s_.physical; }
 
   /// Reserves `bytes` of address space (aligned to `alignment`) as range `i`.
   std::uintptr_t reserve(std::uint32_t i, std::size_t bytes, std::size_t alignment)
@@ -213,18 +217,146 @@ public:
   }
   std::size_t spare_count() const noexcept { return s_.spares.size(); }
 
-  /// Unmaps the first `limit` stale ranges (a device wait since they were made), so their allocations can be
-  /// released; their holders stay until mapping_relocation::tidy. Stops at a failed unmap.
-  void unmap_safe_stale(std::size_t limit) noexcept
+  // What the page table tells of live blocks: how many pages of each mapping they touch. A mapping they touch
+  // none of is idle (counted in idle_bytes(), queued for reclaim). The idle total is changed apart, once per
+  // block: changed per mapping, each change would wait for the one before.
+
+  /// `pages` more pages of mapping `slot` touched by live blocks; returns the bytes that stop being idle (for
+  /// less_idle).
+  std::size_t add_busy(std::uint32_t slot, std::size_t pages) noexcept
   {
-    for (std::size_t i = 0; i < std::min(limit, s_.stale_safe); ++i)
-      if (!s_.stale[i].unmapped && !unmap_stale(s_.stale[i])) return;
+    if (pages == 0) return 0;
+    mapping& m = s_.mappings[slot];
+    std::size_t woken = 0;
+    if (m.busy == 0 && m.idle) {
+      m.idle = false;
+      woken = bytes_of(m);
+    }
+    m.busy += pages;
+    return woken;
   }
 
-protected:
-  friend class mapping_relocation<Backend>;
+  /// `pages` pages of mapping `slot` no longer touched by live blocks; with none left it goes idle and is
+  /// queued. Returns the bytes that went idle (for more_idle).
+  std::size_t remove_busy(std::uint32_t slot, std::size_t pages) noexcept
+  {
+    if (pages == 0) return 0;
+    mapping& m = s_.mappings[slot];
+    m.busy -= pages;
+    if (m.busy != 0) return 0;
+    m.idle = true;
+    if (!m.listed) s_.list_idle(slot);
+    return bytes_of(m);
+  }
 
-  /// The mappings' records and idle queue (mapping_slots), and everything else the table keeps.
+  void less_idle(std::size_t bytes) noexcept { s_.idle_bytes -= bytes; }
+  void more_idle(std::size_t bytes) noexcept { s_.idle_bytes += bytes; }
+
+  // Relocation: an idle allocation mapped a second time where a new block needs memory; the pages it leaves
+  // stay mapped, as a stale range under a holder block (the caller's), until a device wait covers them.
+
+  /// The queued slots, idle longest first. An entry may be stale (busy again since it was queued): read its
+  /// record's `idle`.
+  std::span<const std::uint32_t> idle_queue() const noexcept { return {s_.idle.data() + s_.idle_head, s_.idle.size() - s_.idle_head}; }
+
+  /// Maps allocation `slot` a second time at page `at` of `to`, with its access set, and makes room to record
+  /// the move. Throws with nothing mapped. The caller then records it (record_move), which cannot fail.
+  void map_again(std::uint32_t slot, range& to, std::size_t at)
+  {
+    const mapping& m = s_.mappings[slot];
+    const std::size_t bytes = bytes_of(m);
+    const std::uintptr_t address = address_of(to, at);
+    s_.stale.reserve(s_.stale.size() + 1);
+    reserve_runs(to, 1);
+    if (at + m.count > to.pages.size()) grow(to, at + m.count);
+    backend_.map(address, m.page, bytes);
+    try {
+      backend_.set_access(address, bytes);
+    } catch (...) {
+      try {
+        backend_.unmap(address, bytes);
+      } catch (...) {
+        // The driver keeps the alias: that address range fails later maps rather than corrupting memory.
+      }
+      throw;
+    }
+  }
+
+  /// Allocation `slot`, mapped again at page `at` of `to` (map_again), lives there from now on; the pages it
+  /// leaves become a stale range under `holder`, a block neither free nor live.
+  void record_move(std::uint32_t slot, range& to, std::size_t at, address_block* holder) noexcept
+  {
+    mapping& m = s_.mappings[slot];
+    set_mapping(s_.ranges[m.band], m.first, m.count, stale_mapping);  // its run stays filed: the stale range's
+    s_.stale.push_back({.band = m.band, .first = m.first, .count = m.count, .holder = holder, .slot = slot});
+    s_.stale_bytes += bytes_of(m);
+    ++m.aliases;
+    m.band = index_of(to);
+    m.first = at;
+    set_mapping(to, at, m.count, slot);
+    add_run(to, at, m.count);
+    ++s_.relocations;
+  }
+
+  /// Moves the allocations relocated since there were `keep` stale ranges back where they were (their new
+  /// pages were never used), newest first, handing each stale range to `release_holder` once its allocation
+  /// is back. One whose alias the driver keeps stays moved (a valid state), and the older ones with it.
+  template <class ReleaseHolder>
+  void undo_moves(std::size_t keep, ReleaseHolder&& release_holder) noexcept
+  {
+    while (s_.stale.size() > keep) {
+      const stale_range g = s_.stale.back();
+      mapping& m = s_.mappings[g.slot];
+      range& now = s_.ranges[m.band];
+      try {
+        backend_.unmap(address_of(now, m.first), bytes_of(m));
+      } catch (...) {
+        break;
+      }
+      set_mapping(now, m.first, m.count, no_mapping);
+      remove_run(now, m.first);
+      m.band = g.band;
+      m.first = g.first;
+      --m.aliases;
+      set_mapping(s_.ranges[g.band], g.first, g.count, g.slot);  // its run stayed filed while stale
+      s_.stale_bytes -= bytes_of(m);
+      release_holder(g);
+      s_.stale.pop_back();
+      --s_.relocations;
+    }
+    s_.stale_safe = std::min(s_.stale_safe, s_.stale.size());
+  }
+
+  /// Gives back the stale ranges the device is known done with (after one wait for them all first when
+  /// `wait`, or when an earlier wait already covered them), handing each to `release_holder` once its pages
+  /// are free address space. A failed wait or unmap leaves the rest for later.
+  template <class ReleaseHolder>
+  void tidy_stale(bool wait, ReleaseHolder&& release_holder) noexcept
+  {
+    if (wait && s_.stale_safe < s_.stale.size()) {
+      try {
+        backend_.synchronize();
+        s_.stale_safe = s_.stale.size();
+      } catch (...) {
+        // Under capture, or a broken device: the ranges stay until a later wait.
+      }
+    }
+    unmap_safe_stale(s_.stale_safe);
+    std::size_t gone = 0;
+    while (gone < s_.stale.size() && s_.stale[gone].unmapped) {
+      const stale_range& g = s_.stale[gone];
+      range& r = s_.ranges[g.band];
+      set_mapping(r, g.first, g.count, no_mapping);
+      remove_run(r, g.first);
+      release_holder(g);
+      ++gone;
+    }
+    s_.stale.erase(s_.stale.begin(), s_.stale.begin() + static_cast<std::ptrdiff_t>(gone));
+    s_.stale_safe -= gone;
+  }
+
+private:
+  /// The mappings' records and idle queue (mapping_slots), and everything else kept about them.
   struct state : mapping_slots<page_handle> {
     std::array<range, 2> ranges{};
     spare_allocations<page_handle> spares;   ///< unmapped, not counted in physical; empty between calls
@@ -236,9 +368,15 @@ protected:
     std::size_t physical = 0;
     std::size_t peak_physical = 0;
     std::size_t idle_bytes = 0;
-    std::size_t live_pages = 0;              ///< pages some live block touches
-    std::size_t peak_live_pages = 0;
   };
+
+  /// Unmaps the first `limit` stale ranges (a device wait since they were made), so their allocations can be
+  /// released; their holders stay until tidy_stale. Stops at a failed unmap.
+  void unmap_safe_stale(std::size_t limit) noexcept
+  {
+    for (std::size_t i = 0; i < std::min(limit, s_.stale_safe); ++i)
+      if (!s_.stale[i].unmapped && !unmap_stale(s_.stale[i])) return;
+  }
 
   /// One physical allocation behind pages [first, first + count): a spare of that size or a new one, mapped,
   /// its access not yet set (grant_access); all or nothing (a spare taken goes back to the spares when the map
@@ -331,7 +469,7 @@ protected:
     s_.page_state_updates += count;
   }
 
-  // A range's run order (mapping_relocation files and takes runs too): room first, so filing cannot throw.
+  // A range's run order: room first, so filing cannot throw.
   static void reserve_runs(range& r, std::size_t more) { r.runs.reserve_more(more); }
   static void add_run(range& r, std::size_t first, std::size_t count) noexcept { r.runs.add(first, count); }
   static void remove_run(range& r, std::size_t first) noexcept { r.runs.remove(first); }
@@ -378,6 +516,7 @@ protected:
 
   [[no_unique_address]] Backend backend_;
   emptied_on_move<state> s_;
+  unsigned page_shift_ = 0;
 };
 
 } // namespace strata::detail

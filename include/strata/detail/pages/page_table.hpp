@@ -1,7 +1,8 @@
 #pragma once
 // mapped_pool's page table: which pages of its two reserved ranges live blocks use, and so which mappings are
-// busy and which idle (what reclaim may take). The mappings themselves, their backend calls and the stale
-// ranges relocations leave are page_mappings.hpp's, which this extends.
+// busy and which idle (what reclaim may take). It holds the mappings (page_mappings.hpp: the backend, its
+// allocations, the ranges' page entries and the stale ranges relocations leave) as a member and tells them,
+// through add_busy / remove_busy, which of them live blocks touch; callers reach them through mappings().
 //
 // Live state is kept by runs, not pages: a page wholly inside a block is touched by that block alone, so a
 // block's interior pages need no count of their own (each mapping counts its busy pages); only the block's
@@ -14,52 +15,60 @@
 // a few inline lines; spans over several pieces are walked in functions kept out of line, so the pool's
 // allocation path, which inlines the short ones, stays small enough for the compiler to inline in turn.
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
+#include <strata/detail/emptied_on_move.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 #include <strata/detail/pages/page_mappings.hpp>
 #include <strata/detail/pages/page_range.hpp>
 
 namespace strata::detail {
 
-/// Models a count of live blocks over the pages of page_mappings' ranges, and from it each mapping's busy
-/// pages, the pool's live pages and its idle bytes.
+/// Models a count of live blocks over the pages of its mappings' ranges, and from it each mapping's busy
+/// pages, the pool's live pages and its idle bytes. Owns its page_mappings (and through it the backend and
+/// everything taken from it) and the live-page counts; moves are the members' (a moved-from table is empty).
 /// Cost: hold, let_go, census and unmapped_pages O(1) for a span within one mapping, else O(runs the span
-/// covers + log runs); pages_ahead O(log runs). Never allocates but in pages_ahead
+/// covers + log runs); pages_ahead O(log runs). No backend call. Never allocates but in pages_ahead
 /// (grow), which changes nothing when it throws.
 template <page_backend Backend>
-class page_table : public page_mappings<Backend> {
-  using base = page_mappings<Backend>;
-
+class page_table {
 public:
-  using typename base::mapping;
-  using typename base::piece;
-  using typename base::range;
-  using base::no_mapping;
-  using base::stale_mapping;
-  using base::for_each_piece;
-  using base::grow;
+  using mappings_type = page_mappings<Backend>;
+  using mapping = typename mappings_type::mapping;
+  using piece = typename mappings_type::piece;
+  using range = typename mappings_type::range;
+  static constexpr std::uint32_t no_mapping = mappings_type::no_mapping;
+  static constexpr std::uint32_t stale_mapping = mappings_type::stale_mapping;
 
-  explicit page_table(Backend backend) : base(std::move(backend)), page_shift_(static_cast<unsigned>(std::countr_zero(base::page_size()))) {}
+  explicit page_table(Backend backend) : mappings_(std::move(backend)) {}
 
-  // The page size as a shift kept here: the pool's every step turns addresses into pages, and asking the
-  // backend each time would put a load through its handle on the way.
-  std::size_t page_size() const noexcept { return std::size_t{1} << page_shift_; }
-  std::size_t page_of(const range& r, std::uintptr_t address) const noexcept { return (address - r.base) >> page_shift_; }
-  std::uintptr_t address_of(const range& r, std::size_t page) const noexcept { return r.base + (page << page_shift_); }
-  std::size_t bytes_of(const mapping& m) const noexcept { return m.count << page_shift_; }
+  /// The mappings behind the pages: reserving, mapping, reclaiming and relocating go through them.
+  mappings_type& mappings() noexcept { return mappings_; }
+  const mappings_type& mappings() const noexcept { return mappings_; }
+
+  /// Pages some live block touches now, and at most since reset_peak.
+  std::size_t live_pages() const noexcept { return c_.live_pages; }
+  std::size_t peak_live_pages() const noexcept { return c_.peak_live_pages; }
+  /// Per-page entries written so far, the live counts here and the mappings' entries: what a block's size
+  /// would cost if page state were kept page by page.
+  std::uint64_t page_state_updates() const noexcept { return c_.edge_updates + mappings_.page_state_updates(); }
+  void reset_peak() noexcept
+  {
+    mappings_.reset_peak();
+    c_.peak_live_pages = c_.live_pages;
+  }
 
   /// Pages of [start, start + size) with nothing behind them.
   std::size_t unmapped_pages(const range& r, std::uintptr_t start, std::size_t size) const noexcept
   {
-    const std::size_t first = page_of(r, start);
+    const std::size_t first = mappings_.page_of(r, start);
     if (first < r.pages.size() && r.pages[first].mapping < stale_mapping) [[likely]] {  // within that mapping: no search
-      const mapping& m = s_.mappings[r.pages[first].mapping];
-      if (address_of(r, m.first + m.count) >= start + size) return 0;
+      const mapping& m = mappings_.slot(r.pages[first].mapping);
+      if (mappings_.address_of(r, m.first + m.count) >= start + size) return 0;
     }
-    return unmapped_in(r, first, page_of(r, start + size - 1));
+    return unmapped_in(r, first, mappings_.page_of(r, start + size - 1));
   }
 
   /// Counts one more live block on pages [first, last], all mapped; their mappings stop being idle.
@@ -90,8 +99,8 @@ public:
   page_census census(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     if (within_one_mapping(r, first, last)) [[likely]] {
-      const mapping& m = s_.mappings[r.pages[first].mapping];
-      return {.unmapped = 0, .idle_bytes = m.idle ? bytes_of(m) : 0};
+      const mapping& m = mappings_.slot(r.pages[first].mapping);
+      return {.unmapped = 0, .idle_bytes = m.idle ? mappings_.bytes_of(m) : 0};
     }
     return census_pieces(r, first, last);
   }
@@ -108,25 +117,28 @@ public:
     const std::size_t last_run = (trailing - 1) % max_run + 1;
     if (last_run >= want) return 0;
     const std::size_t extra = std::min(want - last_run, span.reach - span.last);
-    if (span.last + extra >= r.pages.size()) grow(r, span.last + extra + 1);
+    if (span.last + extra >= r.pages.size()) mappings_.grow(r, span.last + extra + 1);
     return std::min(extra, gap.end - span.last - 1);
   }
 
 private:
-  friend class mapping_relocation<Backend>;
-  using base::s_;
+  struct counts {
+    std::size_t live_pages = 0;
+    std::size_t peak_live_pages = 0;
+    std::uint64_t edge_updates = 0;  ///< live counts of blocks' first and last pages written
+  };
 
   // Spans over several pages, out of line (see the top of the file). Within one mapping a span is one piece.
   [[gnu::noinline]] std::size_t unmapped_in(const range& r, std::size_t first, std::size_t last) const noexcept
   {
-    return r.unmapped_in(first, last, s_.mappings);
+    return r.unmapped_in(first, last, mappings_.records());
   }
   [[gnu::noinline]] page_census census_pieces(const range& r, std::size_t first, std::size_t last) const noexcept
   {
     page_census c;
-    for_each_piece(r, first, last, [&](const piece& pc) {
+    mappings_.for_each_piece(r, first, last, [&](const piece& pc) {
       if (pc.slot == no_mapping) c.unmapped += pc.last - pc.first + 1;
-      else if (pc.slot != stale_mapping && s_.mappings[pc.slot].idle) c.idle_bytes += bytes_of(s_.mappings[pc.slot]);
+      else if (pc.slot != stale_mapping && mappings_.slot(pc.slot).idle) c.idle_bytes += mappings_.bytes_of(mappings_.slot(pc.slot));
     });
     return c;
   }
@@ -147,11 +159,11 @@ private:
     const shared_edges shared{first, last, !add_edge(r, first, Delta), !add_edge(r, last, Delta)};
     std::size_t pages = 0;
     std::size_t flipped = 0;  // mappings woken (held) or idled (let go)
-    r.for_each_mapping_over(first, last, s_.mappings, [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
+    r.for_each_mapping_over(first, last, mappings_.records(), [&](std::uint32_t slot, std::size_t lo, std::size_t hi) {
       const std::size_t n = hi - lo + 1 - shared.on(lo, hi);
       pages += n;
-      if constexpr (Delta > 0) flipped += mapping_busier(slot, n);
-      else flipped += mapping_idler(slot, n);
+      if constexpr (Delta > 0) flipped += mappings_.add_busy(slot, n);
+      else flipped += mappings_.remove_busy(slot, n);
     });
     if constexpr (Delta > 0) count_busier(pages, flipped);
     else count_idler(pages, flipped);
@@ -159,54 +171,28 @@ private:
 
   bool within_one_mapping(const range& r, std::size_t first, std::size_t last) const noexcept
   {
-    return r.within_one_mapping(first, last, s_.mappings);
+    return r.within_one_mapping(first, last, mappings_.records());
   }
 
   /// `pages` more pages of mapping `slot` touched by a live block; it stops being idle.
-  void busy_more(std::uint32_t slot, std::size_t pages) noexcept { count_busier(pages, mapping_busier(slot, pages)); }
+  void busy_more(std::uint32_t slot, std::size_t pages) noexcept { count_busier(pages, mappings_.add_busy(slot, pages)); }
 
   /// `pages` pages of mapping `slot` no longer touched by a live block; with none left, it goes idle.
-  void busy_less(std::uint32_t slot, std::size_t pages) noexcept { count_idler(pages, mapping_idler(slot, pages)); }
-
-  /// busy_more's part in mapping `slot`: returns the bytes that stop being idle (count_busier counts them).
-  std::size_t mapping_busier(std::uint32_t slot, std::size_t pages) noexcept
-  {
-    if (pages == 0) return 0;
-    mapping& m = s_.mappings[slot];
-    std::size_t woken = 0;
-    if (m.busy == 0 && m.idle) {
-      m.idle = false;
-      woken = bytes_of(m);
-    }
-    m.busy += pages;
-    return woken;
-  }
-
-  /// busy_less's part in mapping `slot`: returns the bytes that go idle (count_idler counts them).
-  std::size_t mapping_idler(std::uint32_t slot, std::size_t pages) noexcept
-  {
-    if (pages == 0) return 0;
-    mapping& m = s_.mappings[slot];
-    m.busy -= pages;
-    if (m.busy != 0) return 0;
-    m.idle = true;
-    if (!m.listed) s_.list_idle(slot);
-    return bytes_of(m);
-  }
+  void busy_less(std::uint32_t slot, std::size_t pages) noexcept { count_idler(pages, mappings_.remove_busy(slot, pages)); }
 
   /// The pool's totals after `pages` more pages touched, `woken` bytes of them no longer idle.
   void count_busier(std::size_t pages, std::size_t woken) noexcept
   {
-    s_.live_pages += pages;
-    s_.peak_live_pages = std::max(s_.peak_live_pages, s_.live_pages);
-    s_.idle_bytes -= woken;
+    c_.live_pages += pages;
+    c_.peak_live_pages = std::max(c_.peak_live_pages, c_.live_pages);
+    mappings_.less_idle(woken);
   }
 
   /// The pool's totals after `pages` pages fewer touched, `idled` bytes of them gone idle.
   void count_idler(std::size_t pages, std::size_t idled) noexcept
   {
-    s_.live_pages -= pages;
-    s_.idle_bytes += idled;
+    c_.live_pages -= pages;
+    mappings_.more_idle(idled);
   }
 
   /// A span's first and last pages where another live block touches them too: there they count for their
@@ -224,13 +210,14 @@ private:
   /// no live block to one, or back.
   bool add_edge(range& r, std::size_t p, int delta) noexcept
   {
-    ++s_.page_state_updates;
+    ++c_.edge_updates;
     std::uint32_t& live = r.pages[p].live;
     if (delta > 0) return live++ == 0;
     return --live == 0;
   }
 
-  unsigned page_shift_;
+  page_mappings<Backend> mappings_;
+  emptied_on_move<counts> c_;
 };
 
 } // namespace strata::detail
