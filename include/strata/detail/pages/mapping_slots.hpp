@@ -27,8 +27,8 @@ struct mapping_record {
 /// and may be busy again, or listed again only after it was taken, when the reclaim reaches it.
 /// Cost: add, remove, list_idle and taking the queue's head O(1), never allocating within the room that
 /// reserve made for the live records (the queue compacts in place when full, O(queue) now and then).
-/// The members are plain data: the page table and mapping_relocation read and write records and walk the
-/// queue directly.
+/// The members are plain data, read and written by page_mappings alone, which holds them; the page table and
+/// relocation reach records and the queue through page_mappings' interface.
 template <class Handle>
 struct mapping_slots {
   using record = mapping_record<Handle>;

@@ -1,7 +1,8 @@
 #pragma once
 // One of mapped_pool's reserved address ranges cut in pages: which mapping (by its slot in mapping_slots.hpp)
 // stands behind each page, how many live blocks start or end on it, and the range's mapped runs in address
-// order (mapped_runs.hpp). The page table keeps two and does the accounting; this is what it looks up.
+// order (mapped_runs.hpp). page_mappings keeps two (it reserves them and writes which mapping stands behind
+// each page); the page table counts live blocks on their entries.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
