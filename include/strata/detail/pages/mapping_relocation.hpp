@@ -12,17 +12,19 @@
 
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/object_pool.hpp>
+#include <strata/detail/pages/page_backend.hpp>
 #include <strata/detail/pages/page_mappings.hpp>
 #include <strata/detail/pages/page_range.hpp>
 
 namespace strata::detail {
 
-/// A view, made per call, over the pool's mappings, its two ranges' block lists and their nodes: it owns
-/// nothing, and holds nothing between calls.
+/// Models moving idle allocations to runs of unmapped pages, and undoing and tidying the moves, as a view
+/// made per call over the pool's mappings, its two ranges' block lists and their nodes: it owns nothing and
+/// holds nothing between calls.
 /// Cost: a relocation is two backend calls (map, set access) per allocation moved, a scan of the idle queue
 /// per run, a walk of the blocks before the range it leaves and a write of the pages it moves between; undo
 /// one backend call (unmap) per move undone; tidy waits for the device only when told to.
-template <class Backend>
+template <page_backend Backend>
 class mapping_relocation {
 public:
   using mappings_type = page_mappings<Backend>;
