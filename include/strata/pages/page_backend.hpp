@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include <strata/core/properties.hpp>
+#include <strata/pinned/pin_lender.hpp>
 
 namespace strata {
 
@@ -68,6 +69,14 @@ concept copying_page_backend = page_backend<B> && requires(B& b, const B& cb, vo
   b.copy_to_device(address, from, bytes);
   b.finish_copies();
   { cb.free_bytes() } -> std::same_as<std::size_t>;
+};
+
+/// A copying page backend whose pinned memory may be borrowed from a pinned pool (Note [One pinned budget],
+/// pinned/pin_lender.hpp): `lend_pins_from(lender)` and `pins_lent()`.
+template <class B>
+concept lends_pins = copying_page_backend<B> && requires(B& b, const B& cb, pin_lender lender) {
+  { b.lend_pins_from(lender) } noexcept;
+  { cb.pins_lent() } noexcept -> std::same_as<bool>;
 };
 
 namespace detail {
