@@ -56,7 +56,8 @@ struct raising_oom_t {
   void (*handler)(const char* message);
 };
 
-/// Runs `body` as one C entry point named `where` under `policy` (Note [The C boundary]).
+/// Runs `body` as one C entry point named `where` under `policy` (Note [The C boundary]). Costs what the body
+/// costs: the try block is free on the path that throws nothing; a failure builds its message.
 template <class Policy, class Body>
 auto c_entry(const char* where, Policy policy, Body&& body) noexcept(!std::is_same_v<Policy, raising_t> &&
                                                                      !std::is_same_v<Policy, raising_oom_t>)

@@ -180,12 +180,18 @@ public:
   bool release_on_oom() const noexcept { return conf_->release_on_oom; }
   bool in_use() const noexcept { return in_use_.load(); }
 
+  /// What strata_malloc_or_throw calls on out of memory (strata_set_oom_handler); null: none.
+  using oom_handler_fn = void (*)(const char* message);
+  void set_oom_handler(oom_handler_fn handler) noexcept { oom_handler_.store(handler); }
+  oom_handler_fn oom_handler() const noexcept { return oom_handler_.load(); }
+
   /// The simulated devices' pretend GPU, for the strata_sim_* calls; refusal unless stack=simulated. Use it
   /// under world_mutex().
   simulated_streams& world();
   std::mutex& world_mutex() noexcept { return world_mutex_; }
 
-  /// Writes every device's trace file (record=PATH): false when one failed, `failed` called with its device.
+  /// Writes every device's trace file (record=PATH), calling `failed(device)` for each one that could not be
+  /// written. O(devices built) and the writes.
   template <class F>
   void flush_traces(F&& failed)
   {
@@ -209,6 +215,7 @@ private:
   std::optional<double> torch_fraction_;
   std::atomic<bool> in_use_{false};
   std::atomic<bool> atexit_registered_{false};
+  std::atomic<oom_handler_fn> oom_handler_{nullptr};
   std::array<device_slot, max_devices> slots_;
   std::mutex world_mutex_;  ///< the simulated devices' one lock
   std::unique_ptr<simulated_streams> world_;

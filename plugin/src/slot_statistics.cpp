@@ -49,23 +49,21 @@ std::string stats_json(const stats_reading& r, const std::string& stack_name)
 strata_device_figures device_figures_of(const stack_reading& r, const slot_statistics& counts, std::size_t limit,
                                         std::size_t device_memory) noexcept
 {
-  strata_device_figures out{};
-  out.reserved = r.usage.reserved;
-  out.in_use = r.usage.in_use;
-  out.largest_free = r.usage.largest_free;
-  out.chunks = r.usage.chunks;
-  out.free_blocks = r.usage.free_blocks;
-  out.held_bytes = r.held_bytes;
-  out.held_blocks = r.held_blocks;
-  out.allocated = counts.allocated;
-  out.limit = limit;
-  out.device_memory = device_memory;
-  out.device_allocs = r.page_creates;
-  out.device_frees = r.page_releases;
-  out.releasable = r.releasable;
-  out.alloc_retries = counts.num_alloc_retries;
-  out.ooms = counts.num_ooms;
-  return out;
+  return {.reserved = r.usage.reserved,
+          .in_use = r.usage.in_use,
+          .largest_free = r.usage.largest_free,
+          .chunks = r.usage.chunks,
+          .free_blocks = r.usage.free_blocks,
+          .held_bytes = r.held_bytes,
+          .held_blocks = r.held_blocks,
+          .allocated = counts.allocated,
+          .limit = limit,
+          .device_memory = device_memory,
+          .device_allocs = r.page_creates,
+          .device_frees = r.page_releases,
+          .alloc_retries = counts.num_alloc_retries,
+          .ooms = counts.num_ooms,
+          .releasable = r.releasable};
 }
 
 } // namespace strata::plugin

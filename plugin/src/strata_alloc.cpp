@@ -4,7 +4,6 @@
 // memory_stats' figures are slot_statistics.cpp's.
 #include <strata_alloc.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <span>
@@ -26,10 +25,8 @@ constexpr int max_devices = plugin_state::max_devices;
 
 plugin_state& state() { return plugin_state::get(); }
 
-std::atomic<void (*)(const char*)> oom_handler{nullptr};
-
 /// strata_malloc_or_throw's policy: out of memory through the installed handler.
-raising_oom_t raising_oom() noexcept { return raising_oom_t{oom_handler.load()}; }
+raising_oom_t raising_oom() noexcept { return raising_oom_t{state().oom_handler()}; }
 
 std::uint64_t pool_key(std::pair<unsigned long long, unsigned long long> id) noexcept
 {
@@ -117,7 +114,7 @@ void* strata_malloc(size_t size, int device, cudaStream_t stream)
   return c_entry("malloc", failing_with<void*>{nullptr}, [&] { return allocate(size, device, stream); });
 }
 
-void strata_set_oom_handler(void (*handler)(const char* message)) { oom_handler.store(handler); }
+void strata_set_oom_handler(void (*handler)(const char* message)) { state().set_oom_handler(handler); }
 
 void strata_report_error(const char* message) { set_error("", message != nullptr ? message : ""); }
 
