@@ -49,7 +49,7 @@ struct alloc_conf {
   std::vector<int> peer_list;  ///< with peer_mode::list: the devices that may access each device's memory
   bool release_on_oom = true;  ///< on out-of-memory, release idle memory of the device and retry once
   /// stream_ordered's owner_cover_window (owner_cover_window=N, or =always: SIZE_MAX): after this many frees
-  /// of the main stream that no other stream needed, they carry no event (see plugin/src/strata_alloc.cpp).
+  /// of the main stream that no other stream needed, they carry no event (see stream_options in plugin/src/stack_builder.cpp).
   std::size_t owner_cover_window = 4096;
   /// stream_ordered's check_capture. false (default): streams are asked whether they are being captured only
   /// while PyTorch has announced a capture (begin_allocate_to_pool), as its own allocator does; true: at every

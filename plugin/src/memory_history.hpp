@@ -1,8 +1,9 @@
 #pragma once
 // torch.cuda.memory._record_memory_history and memory_snapshot() for the torch backend, without PyTorch so
 // the host tests check them: the trace of allocations and frees with where they came from (a Context, the
-// backend's stack frames), and the segments of a snapshot assembled from strata's own listing of its chunks
-// with the backend's live blocks laid over it.
+// backend's stack frames), the segment events of the trace (Note [Segments and mapped ranges]), and the
+// segments of a snapshot assembled from strata's own listing of its chunks with the backend's live blocks laid
+// over it.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <strata/core/snapshot.hpp>
 
@@ -106,59 +109,102 @@ private:
   std::deque<trace_record<Context>> trace_;
 };
 
-/// The segments strata holds, as last told to the trace: each change becomes PyTorch's SEGMENT_ALLOC or
-/// SEGMENT_FREE event (PyTorch's NCCL registration hook registers and deregisters memory by them). A segment
-/// whose size changed at the same address is freed and taken again. Models: the segment events of PyTorch's
-/// trace. Cost: O(segments log segments) per update, which the backend makes only while recording and only
-/// when the stack's segment figures moved; no lock (the backend holds the device's), no CUDA call.
+// Note [Segments and mapped ranges]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch's trace trackers (attachAllocatorTraceTracker; the NCCL registration hook of
+// TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK, which registers memory with NCCL as it is reported and
+// deregisters it as it goes) hear of device memory in two ways: SEGMENT_ALLOC and SEGMENT_FREE for an
+// allocation of its own (a cudaMalloc'd chunk), SEGMENT_MAP and SEGMENT_UNMAP for physical memory mapped into
+// and out of a reserved address range (PyTorch's expandable segments), each event with the address and size of
+// the range. A chunked stack's segments are allocations of their own. A page-mapped pool's segments
+// (mapped_pool: one reserved range per size band) hold no memory as such and stay as they are while pages are
+// mapped and unmapped: what a tracker must hear of is each physical allocation as mapped (one cuMemMap each),
+// so that every SEGMENT_UNMAP names exactly a range an earlier SEGMENT_MAP named. strata's listing gives those
+// as the segment's "mapped" ranges; a page-mapped listing without them reports nothing rather than the
+// reservation, which no tracker may register.
+
+/// One range of device memory: its address and size.
+using held_ranges = std::map<std::uintptr_t, std::size_t>;
+
+/// The device memory a stack holds, as PyTorch's trace trackers count it (Note [Segments and mapped ranges]).
+struct held_memory {
+  held_ranges segments;  ///< allocations of their own: SEGMENT_ALLOC / SEGMENT_FREE
+  held_ranges mapped;    ///< physical allocations mapped into reserved ranges: SEGMENT_MAP / SEGMENT_UNMAP
+  bool operator==(const held_memory&) const = default;
+};
+
+/// The box a page-mapped pool's listing names (mapped_pool's snapshot): its segments are reserved ranges.
+inline constexpr std::string_view page_mapped_box = "mapped_pool";
+
+/// What strata's listing holds as allocations of their own: every segment, unless the listing is a
+/// page-mapped pool's (whose mapped ranges only the JSON listing carries: parse_held_memory). O(segments).
+inline held_memory held_memory_of(const snapshot& listing)
+{
+  held_memory h;
+  if (listing.box == page_mapped_box) return h;
+  for (const segment_info& seg : listing.segments) h.segments.emplace(seg.address, seg.size);
+  return h;
+}
+
+/// The memory strata holds, as last told to the trace: each change becomes PyTorch's SEGMENT_ALLOC or
+/// SEGMENT_FREE event for a segment, SEGMENT_MAP or SEGMENT_UNMAP for a mapped range (Note [Segments and mapped
+/// ranges]). A range whose size changed at the same address goes and comes again. Models: the segment events
+/// of PyTorch's trace. Cost: O(ranges log ranges) per update, which the backend makes only while recording and
+/// only when the stack's segment figures moved; no lock (the backend holds the device's), no CUDA call.
 class segment_ledger {
 public:
   struct change {
-    trace_action action{};  ///< segment_alloc or segment_free
+    trace_action action{};  ///< segment_alloc, segment_free, segment_map or segment_unmap
     std::uintptr_t address = 0;
     std::size_t size = 0;
     bool operator==(const change&) const = default;
   };
 
   bool adopted() const noexcept { return adopted_; }
-  /// Takes the segments as they are without reporting them (recording starts: PyTorch's trace reports only
-  /// changes from then on).
-  void adopt(const snapshot& now)
+  /// Takes the memory as it is without reporting it (recording starts: PyTorch's trace reports only changes
+  /// from then on).
+  void adopt(held_memory now)
   {
-    std::map<std::uintptr_t, std::size_t> next;
-    for (const segment_info& seg : now.segments) next.emplace(seg.address, seg.size);
-    known_ = std::move(next);
+    known_ = std::move(now);
     adopted_ = true;
   }
-  /// Forgets the segments (recording stops).
+  void adopt(const snapshot& now) { adopt(held_memory_of(now)); }
+  /// Forgets the memory (recording stops).
   void forget() noexcept
   {
-    known_.clear();
+    known_ = {};
     adopted_ = false;
   }
-  /// The changes from the segments last known to `now`: every free first, in address order, then every
-  /// allocation (an address freed and taken again is freed before it is taken).
-  std::vector<change> update(const snapshot& now)
+  /// The changes from the memory last known to `now`: every range that went first (unmaps, then segment
+  /// frees), in address order, then every range that came (segment allocations, then maps); a range gone and
+  /// come again at the same address is reported gone before it comes.
+  std::vector<change> update(held_memory now)
   {
-    std::map<std::uintptr_t, std::size_t> next;
-    for (const segment_info& seg : now.segments) next.emplace(seg.address, seg.size);
     std::vector<change> out;
-    for (const auto& [a, n] : known_) {
-      const auto it = next.find(a);
-      if (it == next.end() || it->second != n) out.push_back({trace_action::segment_free, a, n});
-    }
-    for (const auto& [a, n] : next) {
-      const auto it = known_.find(a);
-      if (it == known_.end() || it->second != n) out.push_back({trace_action::segment_alloc, a, n});
-    }
-    known_ = std::move(next);
+    gone(known_.mapped, now.mapped, trace_action::segment_unmap, out);
+    gone(known_.segments, now.segments, trace_action::segment_free, out);
+    gone(now.segments, known_.segments, trace_action::segment_alloc, out);
+    gone(now.mapped, known_.mapped, trace_action::segment_map, out);
+    known_ = std::move(now);
     adopted_ = true;
     return out;
   }
-  const std::map<std::uintptr_t, std::size_t>& known() const noexcept { return known_; }
+  std::vector<change> update(const snapshot& now) { return update(held_memory_of(now)); }
+  /// The segments (allocations of their own) and the mapped ranges last known.
+  const held_ranges& known() const noexcept { return known_.segments; }
+  const held_ranges& known_mapped() const noexcept { return known_.mapped; }
 
 private:
-  std::map<std::uintptr_t, std::size_t> known_;
+  /// Appends `action` for every range of `from` that `to` lacks at its address and size.
+  static void gone(const held_ranges& from, const held_ranges& to, trace_action action, std::vector<change>& out)
+  {
+    for (const auto& [a, n] : from) {
+      const auto it = to.find(a);
+      if (it == to.end() || it->second != n) out.push_back({action, a, n});
+    }
+  }
+
+  held_memory known_;
   bool adopted_ = false;
 };
 
@@ -280,80 +326,73 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
   return out;
 }
 
+namespace detail {
+
+/// strata's snapshot JSON as a document; text that is not JSON throws std::invalid_argument naming the offset
+/// (and nlohmann's line and column) where reading stopped.
+inline nlohmann::json snapshot_document(std::string_view text)
+{
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    const std::size_t at = e.byte == 0 ? 0 : e.byte - 1;  // e.byte counts from 1
+    throw std::invalid_argument("strata snapshot JSON: not JSON at offset " + std::to_string(at) + " (" + e.what() + ")");
+  }
+}
+
+/// Runs `read` over the document; a member missing or of the wrong type throws std::invalid_argument saying which.
+template <class Read>
+auto read_snapshot_document(std::string_view text, Read&& read)
+{
+  const nlohmann::json doc = snapshot_document(text);
+  try {
+    return read(doc);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("strata snapshot JSON: not a strata snapshot (") + e.what() + ")");
+  }
+}
+
+} // namespace detail
+
 /// Reads strata's to_json(snapshot) text back (what libstrata_alloc.so's strata_snapshot_json writes).
-/// Throws std::invalid_argument naming the position of anything else.
+/// Throws std::invalid_argument naming the position of text that is not JSON, or the member that is missing
+/// or of the wrong type. O(length of the text).
 inline snapshot parse_snapshot_json(std::string_view text)
 {
-  struct reader {
-    std::string_view t;
-    std::size_t i = 0;
-    [[noreturn]] void fail(const char* what) const
-    {
-      throw std::invalid_argument(std::string("strata snapshot JSON: ") + what + " at offset " + std::to_string(i));
+  return detail::read_snapshot_document(text, [](const nlohmann::json& doc) {
+    snapshot snap;
+    snap.box = doc.at("box").get<std::string>();
+    for (const nlohmann::json& s : doc.at("segments")) {
+      segment_info seg;
+      seg.address = s.at("address").get<std::uintptr_t>();
+      seg.size = s.at("size").get<std::size_t>();
+      for (const nlohmann::json& b : s.at("blocks"))
+        seg.blocks.push_back({.offset = b.at("offset").get<std::size_t>(), .size = b.at("size").get<std::size_t>(),
+                              .free = b.at("free").get<bool>(), .stream = b.at("stream").get<long long>()});
+      snap.segments.push_back(std::move(seg));
     }
-    void expect(std::string_view s)
-    {
-      if (t.substr(i, s.size()) != s) fail(("expected '" + std::string(s) + "'").c_str());
-      i += s.size();
-    }
-    bool take(char c)
-    {
-      if (i < t.size() && t[i] == c) return ++i, true;
-      return false;
-    }
-    long long integer()
-    {
-      const bool negative = take('-');
-      if (i >= t.size() || t[i] < '0' || t[i] > '9') fail("expected a number");
-      unsigned long long v = 0;
-      while (i < t.size() && t[i] >= '0' && t[i] <= '9') v = v * 10 + static_cast<unsigned long long>(t[i++] - '0');
-      return negative ? -static_cast<long long>(v) : static_cast<long long>(v);
-    }
-    std::string string()
-    {
-      expect("\"");
-      std::string s;
-      while (i < t.size() && t[i] != '"') {
-        if (t[i] == '\\') ++i;
-        if (i < t.size()) s += t[i++];
+    return snap;
+  });
+}
+
+/// The memory strata's snapshot JSON says the stack holds (Note [Segments and mapped ranges]): a segment's
+/// "mapped" ranges ({"offset", "size"} from the segment's address) where it lists them, else the segment
+/// itself, unless the listing is a page-mapped pool's. Throws as parse_snapshot_json. O(length of the text).
+inline held_memory parse_held_memory(std::string_view text)
+{
+  return detail::read_snapshot_document(text, [](const nlohmann::json& doc) {
+    held_memory h;
+    const bool page_mapped = doc.at("box").get<std::string>() == page_mapped_box;
+    for (const nlohmann::json& s : doc.at("segments")) {
+      const auto address = s.at("address").get<std::uintptr_t>();
+      if (const auto mapped = s.find("mapped"); mapped != s.end()) {
+        for (const nlohmann::json& m : *mapped) h.mapped.emplace(address + m.at("offset").get<std::size_t>(), m.at("size").get<std::size_t>());
+      } else if (!page_mapped) {
+        h.segments.emplace(address, s.at("size").get<std::size_t>());
       }
-      expect("\"");
-      return s;
     }
-  } r{text};
-  snapshot snap;
-  r.expect("{\"box\":");
-  snap.box = r.string();
-  r.expect(",\"segments\":[");
-  while (!r.take(']')) {
-    if (!snap.segments.empty()) r.expect(",");
-    segment_info seg;
-    r.expect("{\"address\":");
-    seg.address = static_cast<std::uintptr_t>(r.integer());
-    r.expect(",\"size\":");
-    seg.size = static_cast<std::size_t>(r.integer());
-    r.expect(",\"blocks\":[");
-    while (!r.take(']')) {
-      if (!seg.blocks.empty()) r.expect(",");
-      block_info b;
-      r.expect("{\"offset\":");
-      b.offset = static_cast<std::size_t>(r.integer());
-      r.expect(",\"size\":");
-      b.size = static_cast<std::size_t>(r.integer());
-      r.expect(",\"free\":");
-      b.free = r.take('t');
-      r.expect(b.free ? "rue" : "false");
-      r.expect(",\"stream\":");
-      b.stream = r.integer();
-      r.expect("}");
-      seg.blocks.push_back(b);
-    }
-    r.expect("}");
-    snap.segments.push_back(std::move(seg));
-  }
-  r.expect("}");
-  if (r.i != text.size()) r.fail("trailing text");
-  return snap;
+    return h;
+  });
 }
 
 } // namespace strata::plugin

@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <strata/stream/cuda_events.hpp>
+
+#include "free_events.hpp"
 
 namespace strata::plugin {
 
@@ -20,7 +23,7 @@ class pool_waits {
 public:
   using event = typename Backend::event;
 
-  explicit pool_waits(int device = 0) noexcept : device_(device) {}
+  explicit pool_waits(int device = 0) noexcept : events_(device) {}
 
   /// Starts the wait of the parked block (address, ticket) on `streams`: true while it waits (settle comes
   /// from reap or drain); false when it may be settled now (no stream given, or an event could not be
@@ -30,29 +33,15 @@ public:
   {
     if (streams.empty()) return false;
     waiting w{address, ticket, {}};
-    try {
-      w.events.reserve(streams.size());
-      waiting_.reserve(waiting_.size() + 1);  // room first: nothing below may fail once the events exist
-      for (void* s : streams) {
-        const event e = take_event(b);
-        try {
-          b.record(e, cuda::stream_ref{static_cast<cudaStream_t>(s)});
-        } catch (...) {
-          recycle(b, e);
-          throw;
-        }
-        w.events.push_back(e);  // reserved
-      }
-      waiting_.push_back(std::move(w));
+    switch (events_.record_on(b, streams, w.events, [this] { waiting_.reserve(waiting_.size() + 1); })) {
+    case outcome::recorded:
+      waiting_.push_back(std::move(w));  // reserved
       return true;
-    } catch (...) {
-      for (event e : w.events) recycle(b, e);
-    }
-    try {
-      for (void* s : streams) b.wait_stream(cuda::stream_ref{static_cast<cudaStream_t>(s)});
-    } catch (...) {
+    case outcome::abandoned:
       ++abandoned_;
       return true;
+    case outcome::waited:
+      break;
     }
     return false;
   }
@@ -92,7 +81,7 @@ public:
 
   std::size_t waiting_blocks() const noexcept { return waiting_.size(); }
   std::size_t abandoned_blocks() const noexcept { return abandoned_; }
-  std::size_t spare_events() const noexcept { return spare_.size(); }
+  std::size_t spare_events() const noexcept { return events_.spare(); }
 
   /// Events are the backend's: give them back before the backend goes.
   void destroy(Backend& b) noexcept
@@ -100,8 +89,7 @@ public:
     for (waiting& w : waiting_)
       for (event e : w.events) b.destroy_event(e);
     waiting_.clear();
-    for (event e : spare_) b.destroy_event(e);
-    spare_.clear();
+    events_.destroy(b);
   }
 
 private:
@@ -114,31 +102,14 @@ private:
   template <class Settle>
   void finish(Backend& b, waiting& w, Settle& settle) noexcept
   {
-    for (event e : w.events) recycle(b, e);
-    w.events.clear();
+    events_.recycle(b, w.events);
     settle(w.address, w.ticket);
   }
 
-  event take_event(Backend& b)
-  {
-    if (spare_.empty()) return b.make_event_on(device_);
-    const event e = spare_.back();
-    spare_.pop_back();
-    return e;
-  }
+  using outcome = typename free_events<Backend>::outcome;
 
-  void recycle(Backend& b, event e) noexcept
-  {
-    try {
-      spare_.push_back(e);
-    } catch (...) {
-      b.destroy_event(e);
-    }
-  }
-
-  int device_;
+  free_events<Backend> events_;
   std::vector<waiting> waiting_;
-  std::vector<event> spare_;
   std::size_t abandoned_ = 0;
 };
 

@@ -10,6 +10,8 @@
 
 #include <strata/stream/cuda_events.hpp>
 
+#include "free_events.hpp"
+
 namespace strata::plugin {
 
 /// Remembers, per block, the streams it was recorded on (besides its allocation stream); at the block's
@@ -69,33 +71,17 @@ public:
       break;
     }
     held h{p, bytes, home, {}, {}};
-    try {
-      h.events.reserve(streams.size());
-      h.streams.reserve(streams.size());
-      held_.reserve(held_.size() + 1);  // room first: nothing below may fail once the events exist
-      for (cudaStream_t s : streams) {
-        const event e = take_event(b);
-        try {
-          b.record(e, cuda::stream_ref{s});
-        } catch (...) {
-          recycle(b, e);
-          throw;
-        }
-        h.events.push_back(e);
-        h.streams.push_back(s);  // reserved
-      }
+    switch (events_.record_on(b, streams, h.events, [this] { held_.reserve(held_.size() + 1); })) {
+    case outcome::recorded:
+      h.streams = std::move(streams);
       held_bytes_ += bytes;
-      held_.push_back(std::move(h));
+      held_.push_back(std::move(h));  // reserved
       return true;
-    } catch (...) {
-      for (event e : h.events) recycle(b, e);
-    }
-    // No event: the slow safe way, a wait for every device whose streams may use it.
-    try {
-      for (cudaStream_t s : streams) b.wait_stream(cuda::stream_ref{s});
-    } catch (...) {
+    case outcome::abandoned:
       ++abandoned_;
       return true;  // never handed out again: its recorded work may still be running
+    case outcome::waited:
+      break;  // no event: the slow safe way, a wait for every stream that used it
     }
     return false;
   }
@@ -145,12 +131,11 @@ public:
     for (held& h : held_)
       for (event e : h.events) b.destroy_event(e);
     held_.clear();
-    for (event e : spare_) b.destroy_event(e);
-    spare_.clear();
+    events_.destroy(b);
   }
 
   /// Events kept for the next holds (each made once, then reused: PyTorch's allocator pools its events too).
-  std::size_t spare_events() const noexcept { return spare_.size(); }
+  std::size_t spare_events() const noexcept { return events_.spare(); }
 
 private:
   enum class capture { none, home, recorded };
@@ -214,34 +199,19 @@ private:
     return done;
   }
 
-  event take_event(Backend& b)
-  {
-    if (spare_.empty()) return b.make_event();
-    const event e = spare_.back();
-    spare_.pop_back();
-    return e;
-  }
-
-  void recycle(Backend& b, event e) noexcept
-  {
-    try {
-      spare_.push_back(e);
-    } catch (...) {
-      b.destroy_event(e);  // no room to keep it: made again next time
-    }
-  }
-
   template <class Free>
   void give_back(Backend& b, held& h, Free& free) noexcept
   {
-    for (event e : h.events) recycle(b, e);
+    events_.recycle(b, h.events);
     held_bytes_ -= h.bytes;
     free(h.p, h.bytes, h.home);
   }
 
+  using outcome = typename free_events<Backend>::outcome;
+
   std::unordered_map<void*, std::vector<cudaStream_t>> recorded_;
   std::vector<held> held_;
-  std::vector<event> spare_;
+  free_events<Backend> events_;
   std::size_t held_bytes_ = 0;
   std::size_t abandoned_ = 0;
 };

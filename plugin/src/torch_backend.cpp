@@ -154,8 +154,8 @@ struct device_view {
   /// The stack's figures as the backend's last call into it left them: a call that changes only the backend's
   /// own table (a parked block freed or revived) observes these, the stack being as it was.
   strata_device_figures last{};
-  /// The segments the trace last reported, and the stack's figures then: segment events are looked for only
-  /// when these figures move.
+  /// The segments and mapped ranges the trace last reported (Note [Segments and mapped ranges]), and the
+  /// stack's figures then: segment events are looked for only when these figures move.
   strata::plugin::segment_ledger segments;
   std::array<std::uint64_t, 4> segment_figures{};
   /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
@@ -289,7 +289,7 @@ public:
       for (auto& v : views_) grown.push_back(std::move(v));
       while (static_cast<int>(grown.size()) < device_count) {
         grown.push_back(std::make_unique<device_view>(static_cast<int>(grown.size())));
-        grown.back()->segments.adopt(strata::snapshot{});  // before its first allocation a device holds nothing
+        grown.back()->segments.adopt(strata::plugin::held_memory{});  // before its first allocation a device holds nothing
       }
       views_ = std::move(grown);
     }
@@ -919,8 +919,8 @@ private:
     track_segments(v, device);
   }
 
-  /// Reports the segments strata took or gave back since the last report, when recording and the stack's
-  /// segment figures moved. Device lock held.
+  /// Reports the segments strata took or gave back and the ranges it mapped or unmapped since the last report,
+  /// when recording and the stack's segment figures moved. Device lock held.
   void track_segments(device_view& v, c10::DeviceIndex device)
   {
     if (!recording(v)) {
@@ -929,7 +929,7 @@ private:
     }
     const std::array<std::uint64_t, 4> now{v.last.reserved, v.last.chunks, v.last.device_allocs, v.last.device_frees};
     if (v.segments.adopted() && now == v.segment_figures) return;
-    const std::optional<strata::snapshot> listing = read_listing(device);
+    const std::optional<strata::plugin::held_memory> listing = read_listing(device);
     if (!listing) return;
     v.segment_figures = now;
     if (!v.segments.adopted()) {
@@ -949,7 +949,7 @@ private:
       device_lock lock(d);
       strata_device_figures f{};
       if (strata_device_figures_get(d, &f) != 0) {  // no stack yet: nothing held
-        v.segments.adopt(strata::snapshot{});
+        v.segments.adopt(strata::plugin::held_memory{});
         continue;
       }
       if (const auto listing = read_listing(static_cast<c10::DeviceIndex>(d))) {
@@ -960,8 +960,9 @@ private:
     }
   }
 
-  /// strata's listing of the device's segments; nullopt where the stack cannot list them.
-  static std::optional<strata::snapshot> read_listing(c10::DeviceIndex device)
+  /// The memory strata's listing says the device holds (Note [Segments and mapped ranges]); nullopt where the
+  /// stack cannot list it.
+  static std::optional<strata::plugin::held_memory> read_listing(c10::DeviceIndex device)
   {
     const size_t need = strata_snapshot_json(device, nullptr, 0);
     if (need == 0) return std::nullopt;
@@ -969,7 +970,7 @@ private:
     if (strata_snapshot_json(device, text.data(), text.size()) != need) return std::nullopt;
     text.resize(need);
     try {
-      return strata::plugin::parse_snapshot_json(text);
+      return strata::plugin::parse_held_memory(text);
     } catch (const std::exception&) {
       return std::nullopt;
     }

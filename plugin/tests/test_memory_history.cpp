@@ -257,6 +257,92 @@ TEST_CASE("segment_ledger: random segment sets; replaying the changes rebuilds e
   CHECK(changes > 1000);
 }
 
+namespace {
+/// A page-mapped pool's listing as strata's JSON gives it: one reserved range per band, each with its mapped
+/// ranges (offset, size) from the range's address.
+std::string page_mapped_listing(const std::vector<std::pair<std::size_t, std::size_t>>& small_mapped,
+                                const std::vector<std::pair<std::size_t, std::size_t>>& large_mapped, std::size_t extent = 0x4000000)
+{
+  const auto band = [&](std::uintptr_t base, const std::vector<std::pair<std::size_t, std::size_t>>& mapped) {
+    std::string out = "{\"address\":" + std::to_string(base) + ",\"size\":" + std::to_string(extent) + ",\"blocks\":[],\"mapped\":[";
+    for (std::size_t i = 0; i < mapped.size(); ++i)
+      out += (i == 0 ? "" : ",") + std::string("{\"offset\":") + std::to_string(mapped[i].first) + ",\"size\":" + std::to_string(mapped[i].second) + "}";
+    return out + "]}";
+  };
+  return "{\"box\":\"mapped_pool\",\"segments\":[" + band(0x10000000, small_mapped) + "," + band(0x80000000, large_mapped) + "]}";
+}
+} // namespace
+
+TEST_CASE("segment_ledger: a page-mapped pool reports each range it maps and unmaps, never its reserved ranges")
+{
+  constexpr std::size_t mib2 = 0x200000;
+  segment_ledger l;
+  l.adopt(parse_held_memory(page_mapped_listing({{0, mib2}}, {})));
+  CHECK(l.known().empty());  // the reservations are no memory of their own
+  REQUIRE(l.known_mapped().size() == 1);
+  CHECK(l.known_mapped().at(0x10000000) == mib2);
+  using c = segment_ledger::change;
+  // Pages mapped next to the first range: the reservation is unchanged, so only the new range is reported.
+  std::vector<c> changes = l.update(parse_held_memory(page_mapped_listing({{0, mib2}, {mib2, 4 * mib2}}, {{0, 32 * mib2}})));
+  CHECK(changes == std::vector<c>{{trace_action::segment_map, 0x10000000 + mib2, 4 * mib2}, {trace_action::segment_map, 0x80000000, 32 * mib2}});
+  // The page table grows (the listed extent doubles) with nothing mapped or unmapped: nothing to report.
+  CHECK(l.update(parse_held_memory(page_mapped_listing({{0, mib2}, {mib2, 4 * mib2}}, {{0, 32 * mib2}}, 0x8000000))).empty());
+  // A reclaim unmaps the first range and the large one; an idle allocation mapped a second time appears.
+  changes = l.update(parse_held_memory(page_mapped_listing({{mib2, 4 * mib2}, {16 * mib2, 4 * mib2}}, {})));
+  CHECK(changes == std::vector<c>{{trace_action::segment_unmap, 0x10000000, mib2}, {trace_action::segment_unmap, 0x80000000, 32 * mib2},
+                                  {trace_action::segment_map, 0x10000000 + 16 * mib2, 4 * mib2}});
+  // A page-mapped listing that does not carry its mapped ranges reports nothing, not its reservations.
+  CHECK(parse_held_memory("{\"box\":\"mapped_pool\",\"segments\":[{\"address\":4096,\"size\":8192,\"blocks\":[]}]}") == held_memory{});
+  // A chunked stack's listing: its chunks are its segments.
+  const held_memory chunks = parse_held_memory("{\"box\":\"coalescing_pool\",\"segments\":[{\"address\":4096,\"size\":8192,\"blocks\":[]}]}");
+  CHECK(chunks.segments == held_ranges{{4096, 8192}});
+  CHECK(chunks.mapped.empty());
+}
+
+TEST_CASE("segment_ledger: a page-mapped pool's reserved ranges are never reported as segments, however they grow")
+{
+  segment_ledger l;
+  l.adopt(snapshot{});
+  const snapshot reserved{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x4000000, .blocks = {}}}};
+  CHECK(l.update(reserved).empty());
+  const snapshot grown{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}}}};
+  CHECK(l.update(grown).empty());
+  CHECK(l.known().empty());
+}
+
+TEST_CASE("segment_ledger: random mapped ranges and chunks; replaying the events rebuilds the memory held")
+{
+  std::mt19937 rng(9);
+  segment_ledger l;
+  held_memory replayed;
+  int maps = 0, unmaps = 0;
+  for (int round = 0; round < 300; ++round) {
+    held_memory truth;
+    for (int k = 0; k < 12; ++k) {
+      const std::uintptr_t a = 0x100000u * static_cast<std::uintptr_t>(k + 1);
+      const std::size_t n = 0x1000u * (1 + rng() % 3);
+      if (rng() % 2 == 0) (k % 3 == 0 ? truth.segments : truth.mapped)[a] = n;
+    }
+    for (const auto& ch : l.update(truth)) {
+      const bool mapping = ch.action == trace_action::segment_map || ch.action == trace_action::segment_unmap;
+      held_ranges& side = mapping ? replayed.mapped : replayed.segments;
+      if (ch.action == trace_action::segment_free || ch.action == trace_action::segment_unmap) {
+        REQUIRE(side.count(ch.address) == 1);  // only what was reported is taken back, at its size
+        CHECK(side[ch.address] == ch.size);
+        side.erase(ch.address);
+        unmaps += mapping ? 1 : 0;
+      } else {
+        CHECK(side.count(ch.address) == 0);
+        side[ch.address] = ch.size;
+        maps += mapping ? 1 : 0;
+      }
+    }
+    CHECK(replayed == truth);
+  }
+  CHECK(maps > 300);
+  CHECK(unmaps > 300);
+}
+
 TEST_CASE("tracker_list: a tracker may raise events of its own on its thread; other threads wait, none is lost")
 {
   tracker_list<int> trackers;

@@ -22,6 +22,7 @@
 #include <strata/core/properties.hpp>
 #include <strata/detail/cuda_check.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/pinned/pin_lender.hpp>
 #include <strata/sleep/pinned_host.hpp>
 #include <strata/source/device_source.hpp>
 
@@ -156,7 +157,8 @@ inline CUmemAccessDesc access_for(int device) noexcept
 /// Models page_backend and copying_page_backend; device_accessible. Cost: every call is a driver call, priced
 /// per call whatever the size (bench/vmm_costs times each; cuMemSetAccess and cuMemUnmap cost most);
 /// synchronize() is a cudaDeviceSynchronize of the device. For pause and resume: pin() is pin_host
-/// (sleep/pinned_host.hpp: chunks registered by several threads), copies go over two streams of its own in
+/// (sleep/pinned_host.hpp: chunks registered by several threads), or a block of the pinned pool given to
+/// lend_pins_from (Note [One pinned budget], pinned/pin_lender.hpp), copies go over two streams of its own in
 /// pieces of at most 64 MiB, finish_copies() waits for both streams on the host.
 /// Holds no mutable state but its counters and its copy streams (shared by copies of it), which the owning
 /// pool guards.
@@ -263,8 +265,16 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
-  void* pin(std::size_t bytes) { return pin_host(bytes); }
-  void unpin(void* host, std::size_t bytes) noexcept { unpin_host(host, bytes); }
+  void* pin(std::size_t bytes) { return lender_ ? lender_.take(bytes) : pin_host(bytes); }
+  void unpin(void* host, std::size_t bytes) noexcept
+  {
+    if (lender_) lender_.give(host, bytes);
+    else unpin_host(host, bytes);
+  }
+  /// From now on pin() borrows from `lender` and unpin() gives back to it (Note [One pinned budget]). Call it
+  /// while nothing pinned is out (before the first pause, or after mapped_pool::release_backup()).
+  void lend_pins_from(pin_lender lender) noexcept { lender_ = lender; }
+  bool pins_lent() const noexcept { return static_cast<bool>(lender_); }
   void copy_to_host(void* host, std::uintptr_t address, std::size_t bytes)
   {
     lanes().copy(host, reinterpret_cast<const void*>(address), bytes, cudaMemcpyDeviceToHost, static_cast<const unsigned char*>(host));
@@ -323,6 +333,7 @@ private:
 
   int device_ = 0;
   std::shared_ptr<detail::copy_lanes> lanes_;
+  pin_lender lender_;
   CUmemAllocationHandleType handle_types_ = CU_MEM_HANDLE_TYPE_NONE;
   std::size_t page_size_ = 0;
   std::array<CUmemAccessDesc, max_devices> access_{};  ///< a fixed array: moves cannot throw

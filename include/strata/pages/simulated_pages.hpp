@@ -24,6 +24,7 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/errors.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/pinned/pin_lender.hpp>
 
 namespace strata {
 
@@ -60,6 +61,7 @@ public:
       failures_ = std::exchange(other.failures_, {});
       contents_ = std::exchange(other.contents_, {});
       pinned_bytes_ = std::exchange(other.pinned_bytes_, 0);
+      lender_ = other.lender_;
     }
     return *this;
   }
@@ -176,19 +178,23 @@ public:
 
   const page_counters& counts() const noexcept { return counts_; }
 
-  /// Plain host memory stands in for pinned memory; `pinned_bytes()` counts what is out.
+  /// Plain host memory stands in for pinned memory, or the lender's (lend_pins_from, as driver_pages);
+  /// `pinned_bytes()` counts what is out.
   void* pin(std::size_t bytes)
   {
     maybe_fail(operation::pin);
-    void* p = ::operator new(bytes == 0 ? 1 : bytes);
+    void* p = lender_ ? lender_.take(bytes) : ::operator new(bytes == 0 ? 1 : bytes);
     pinned_bytes_ += bytes;
     return p;
   }
   void unpin(void* host, std::size_t bytes) noexcept
   {
-    ::operator delete(host);
+    if (lender_) lender_.give(host, bytes);
+    else ::operator delete(host);
     pinned_bytes_ -= bytes;
   }
+  void lend_pins_from(pin_lender lender) noexcept { lender_ = lender; }
+  bool pins_lent() const noexcept { return static_cast<bool>(lender_); }
   /// Copies at once (no streams here); every page crossed must be mapped and accessible.
   void copy_to_host(void* host, std::uintptr_t address, std::size_t bytes)
   {
@@ -315,6 +321,7 @@ private:
   std::map<operation, std::uint64_t> failures_;
   std::unordered_map<page, std::vector<unsigned char>> contents_;  ///< allocations written to, and what they hold
   std::size_t pinned_bytes_ = 0;
+  pin_lender lender_;
 };
 
 static_assert(copying_page_backend<simulated_pages>);

@@ -43,7 +43,9 @@ namespace strata {
 /// or the one `allocate_tagged` names. Each tag has address ranges, mappings and idle memory of its own
 /// (detail/pages/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
 /// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
-/// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/pages/backup_store.hpp). A tag's
+/// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/pages/backup_store.hpp), or,
+/// where the backend borrows it from a pinned pool (lends_pins), given back to that pool at each resume (Note
+/// [One pinned budget], pinned/pin_lender.hpp). A tag's
 /// idle memory serves only that tag. `max_physical` counts every tag's mapped pages: at the cap a tag gives
 /// its own idle memory back first, and when that or the device runs out, the other tags' idle memory.
 ///
@@ -428,6 +430,8 @@ private:
     });
     backup_.give(tags_[tag].sleep->backup);
     tags_[tag].sleep.reset();
+    if constexpr (lends_pins<Backend>)
+      if (backend_.pins_lent()) (void)backup_.release(backend_);  // Note [One pinned budget]: back to the pool at once
     peak_ = std::max(peak_, physical_bytes());
   }
 

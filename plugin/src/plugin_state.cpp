@@ -1,0 +1,214 @@
+// The plug-in's state: slots, configuration, locks (plugin_state.hpp).
+#include "plugin_state.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "c_boundary.hpp"
+#include "stack_builder.hpp"
+
+namespace strata::plugin {
+
+namespace {
+
+void flush_all_traces() noexcept
+{
+  plugin_state::get().flush_traces([](int) {});
+}
+
+} // namespace
+
+void* device_slot::allocate(std::size_t size, cudaStream_t stream, bool retry)
+{
+  // Held blocks are given back only outside captures: querying an event during a global-mode capture is
+  // illegal (PyTorch's caching allocator skips its event processing then too).
+  if (routes == 0) stack->reap();
+  if (size > cap - std::min(cap, stats.allocated)) {
+    ++stats.num_ooms;
+    throw out_of_memory("strata plug-in", size, "limit " + std::to_string(cap) + " bytes, " + std::to_string(stats.allocated) + " in use");
+  }
+  void* p = nullptr;
+  try {
+    p = stack->allocate(size, stream);
+  } catch (const std::bad_alloc&) {
+    // Releasing waits for the device (held blocks' events, then the device), which a capture forbids and may
+    // break: while a pool is being allocated to, a capture may be under way, and the request stays refused,
+    // as PyTorch's allocator frees nothing that needs a wait while its pools are being allocated to.
+    if (!retry || routes > 0) {
+      ++stats.num_ooms;
+      throw;
+    }
+    ++stats.num_alloc_retries;
+    stack->release();
+    try {
+      p = stack->allocate(size, stream);
+    } catch (const std::bad_alloc&) {
+      ++stats.num_ooms;
+      throw;
+    }
+  } catch (const usage_error& e) {
+    // The stream layer refuses to let its policy grow under a capture when growing needs a device wait (a
+    // reclaim at the cap), nesting the policy's failure: memory is short, and PyTorch's caller expects
+    // torch.OutOfMemoryError, not a RuntimeError.
+    if (routes == 0 || dynamic_cast<const std::nested_exception*>(&e) == nullptr) throw;
+    ++stats.num_ooms;
+    throw out_of_memory("strata plug-in", size, e.what());
+  }
+  stats.on_allocate(size);
+  return p;
+}
+
+void device_slot::free(void* ptr, std::size_t size, cudaStream_t stream) noexcept
+{
+  stack->deallocate(ptr, size, stream);
+  stats.on_free(size);
+}
+
+strata_device_figures device_slot::figures(const stack_reading& r) const noexcept
+{
+  return device_figures_of(r, stats, cap, device_memory);
+}
+
+strata_device_figures device_slot::figures() const noexcept { return figures(stack->read()); }
+
+void device_slot::apply_fraction(double fraction) noexcept
+{
+  const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(device_memory));
+  cap = std::min(wanted, pool_cap);
+  stack->set_reserved_cap(cap);  // the fraction caps what strata holds, as limit= does
+}
+
+void device_slot::enter_section()
+{
+  const std::thread::id me = std::this_thread::get_id();
+  if (section.load(std::memory_order_relaxed) == me) {
+    ++section_depth;
+    return;
+  }
+  // The slot's own mutex: a real stack's lock, and never replaced, so sections exclude each other even across
+  // the stack's build. A simulated stack's lock is the world's: taken too once built (a stack built inside the
+  // section takes it per call, as outside).
+  own_mutex.lock();
+  section_world = built.load(std::memory_order_acquire) && mutex != &own_mutex;
+  if (section_world) mutex->lock();
+  section_depth = 1;
+  section.store(me, std::memory_order_relaxed);
+}
+
+bool device_slot::leave_section() noexcept
+{
+  if (section.load(std::memory_order_relaxed) != std::this_thread::get_id()) return false;
+  if (--section_depth > 0) return true;
+  section.store(std::thread::id{}, std::memory_order_relaxed);
+  if (section_world) mutex->unlock();
+  section_world = false;
+  own_mutex.unlock();
+  return true;
+}
+
+plugin_state& plugin_state::get()
+{
+  static plugin_state* s = new plugin_state;  // never destroyed: Note [The plug-in's locks]
+  return *s;
+}
+
+const alloc_conf& plugin_state::conf_locked()
+{
+  if (!conf_) {
+    const char* env = std::getenv("STRATA_ALLOC_CONF");
+    conf_ = parse_alloc_conf(env != nullptr ? env : "");
+  }
+  return *conf_;
+}
+
+simulated_streams& plugin_state::world_locked()
+{
+  if (!world_) world_ = std::make_unique<simulated_streams>();
+  return *world_;
+}
+
+device_slot& plugin_state::any_slot(int device)
+{
+  if (device < 0 || device >= max_devices)
+    throw refusal("device " + std::to_string(device) + " is out of range [0, " + std::to_string(max_devices) + ")");
+  return slots_[static_cast<std::size_t>(device)];
+}
+
+device_slot* plugin_state::built_slot(int device) noexcept
+{
+  if (device < 0 || device >= max_devices) return nullptr;
+  device_slot& s = slots_[static_cast<std::size_t>(device)];
+  return s.built.load(std::memory_order_acquire) ? &s : nullptr;
+}
+
+device_slot& plugin_state::slot_for(int device)
+{
+  if (device < 0 || device >= max_devices)
+    throw std::invalid_argument("device " + std::to_string(device) + " is out of range [0, " + std::to_string(max_devices) + ")");
+  device_slot& s = slots_[static_cast<std::size_t>(device)];
+  if (s.built.load(std::memory_order_acquire)) return s;
+  std::lock_guard config_lock(config_mutex_);
+  if (s.built.load(std::memory_order_relaxed)) return s;
+  const alloc_conf& c = conf_locked();
+  built_stack b;
+  if (c.stack == stack_kind::simulated) {
+    std::lock_guard world_lock(world_mutex_);
+    b = build_stack(c, device, &world_locked());
+    s.mutex = &world_mutex_;
+  } else {
+    b = build_stack(c, device, nullptr);
+  }
+  s.stack = std::move(b.stack);
+  s.simulated = b.simulated;
+  s.context = b.context;
+  s.cap = s.pool_cap = b.cap;
+  s.device_memory = b.device_memory;
+  if (torch_fraction_) s.apply_fraction(*torch_fraction_);
+  if (!c.record.empty() && !atexit_registered_.exchange(true)) std::atexit(flush_all_traces);
+  in_use_.store(true, std::memory_order_release);
+  s.built.store(true, std::memory_order_release);
+  return s;
+}
+
+void plugin_state::configure(const char* text)
+{
+  std::lock_guard lock(config_mutex_);
+  if (in_use_.load())
+    throw std::logic_error("refused: the allocator is in use (a stack was built); configure before the first allocation");
+  conf_ = parse_alloc_conf(text != nullptr ? text : "");
+}
+
+std::vector<std::string> plugin_state::apply_torch_conf(const char* text)
+{
+  torch_conf_reading r;
+  {
+    std::lock_guard lock(config_mutex_);
+    r = parse_torch_alloc_conf(text != nullptr ? text : "", conf_locked().stack);
+    if (r.fraction) torch_fraction_ = r.fraction;
+  }
+  if (r.fraction)
+    for (int d = 0; d < max_devices; ++d)
+      if (device_slot* s = built_slot(d)) {
+        slot_lock lock(*s);
+        s->apply_fraction(*r.fraction);
+      }
+  return std::move(r.notes);
+}
+
+std::string plugin_state::stack_name()
+{
+  std::lock_guard lock(config_mutex_);
+  return conf_ ? std::string(name_of(conf_->stack)) : std::string();
+}
+
+simulated_streams& plugin_state::world()
+{
+  std::lock_guard config_lock(config_mutex_);
+  if (conf_locked().stack != stack_kind::simulated) throw refusal("only with stack=simulated");
+  std::lock_guard world_lock(world_mutex_);
+  return world_locked();
+}
+
+} // namespace strata::plugin

@@ -1,0 +1,224 @@
+#pragma once
+// Everything libstrata_alloc.so keeps between calls: the configuration, one slot per device (its stack, its
+// counts, its lock) and the simulated devices' pretend GPU, in one object with one lock discipline
+// (Note [The plug-in's locks]).
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <strata_alloc.h>
+
+#include <strata/stream/simulated_streams.hpp>
+
+#include "alloc_conf.hpp"
+#include "device_stack.hpp"
+#include "slot_statistics.hpp"
+
+namespace strata::plugin {
+
+// Note [The plug-in's locks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch calls from many threads. The state has three kinds of lock:
+//   - the configuration's (plugin_state::config_mutex_): the configuration, PyTorch's memory fraction, and the
+//     building of any stack;
+//   - each device's (device_slot::mutex): its stack and everything else in its slot. A real device's is the
+//     slot's own; the simulated devices share the world's, since they share one pretend GPU;
+//   - the world's (plugin_state::world_mutex_): the simulated streams.
+// A thread takes them in the order device, then configuration, then world, and holds one device's lock at a
+// time: calls that work on every device take each in turn. A caller may hold a device's lock across several
+// entry points (strata_device_lock, which strata's PyTorch backend takes for its own books): those do not
+// lock it again (slot_lock), and a stack first built inside such a section takes the configuration's lock
+// then, which the order allows. A slot is published (device_slot::built, release) once its stack is built and
+// never changes its stack afterwards, so a built slot is found without a lock.
+//
+// Lifetime: the state is created on first use and never destroyed. PyTorch frees tensors during interpreter
+// teardown, after static destructors may have run, and the CUDA runtime may be gone by then: a stack that
+// outlived its process costs nothing, a destroyed one would crash the frees that come after it.
+
+/// CuPy's free passes neither size nor stream: they are remembered at allocation.
+struct cupy_block {
+  std::size_t size;
+  cudaStream_t stream;
+};
+
+/// One device: its stack, the plug-in's counts and books of it, and its lock. Every member but the lock's
+/// own state is read and written under the lock (Note [The plug-in's locks]).
+struct device_slot {
+  std::mutex own_mutex;
+  std::mutex* mutex = &own_mutex;
+  std::atomic<bool> built{false};
+  std::unique_ptr<device_stack> stack;
+  bool simulated = false;
+  void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
+  std::size_t cap = SIZE_MAX;       ///< bytes the stack may hold from CUDA, so in use too (limit=, set_memory_fraction)
+  std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
+  std::size_t device_memory = 0;
+  slot_statistics stats;
+  std::unordered_map<void*, cupy_block> cupy;
+  int routes = 0;  ///< graph pools being allocated to (a capture may be under way: no event queries then)
+  /// The thread holding the slot through strata_device_lock (none: no one). Written only by the thread that
+  /// holds own_mutex, so a thread that reads its own id holds the section.
+  std::atomic<std::thread::id> section{};
+  int section_depth = 0;       ///< nested strata_device_lock calls of the holder
+  bool section_world = false;  ///< the holder took the simulated world's lock too
+
+  /// Allocates with the lock held. Out of memory: idle memory is released and the request retried once
+  /// (`retry`, release_on_oom; not while a pool is being allocated to); failing that, num_ooms counts it and the
+  /// exception (std::bad_alloc) goes to the caller. O(the stack's allocation), a host wait to retry.
+  void* allocate(std::size_t size, cudaStream_t stream, bool retry);
+  /// Frees with the lock held, counting it. O(the stack's free).
+  void free(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
+  /// The device's figures from one read of the stack (or the read given); the lock held. O(1).
+  strata_device_figures figures() const noexcept;
+  strata_device_figures figures(const stack_reading& r) const noexcept;
+  /// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
+  /// follows it. The lock held (or the slot not yet published). O(1).
+  void apply_fraction(double fraction) noexcept;
+  /// strata_device_lock / strata_device_unlock: the section of the calling thread (nested calls count).
+  void enter_section();
+  bool leave_section() noexcept;  ///< false: the calling thread holds no section here
+};
+
+/// A device slot's lock for one entry point: none inside a section its thread holds (strata_device_lock),
+/// except the simulated world's when its stack was built inside the section.
+class slot_lock {
+public:
+  explicit slot_lock(device_slot& s) : m_(needs_lock(s) ? s.mutex : nullptr)
+  {
+    if (m_ != nullptr) m_->lock();
+  }
+  ~slot_lock()
+  {
+    if (m_ != nullptr) m_->unlock();
+  }
+  slot_lock(const slot_lock&) = delete;
+  slot_lock& operator=(const slot_lock&) = delete;
+
+private:
+  static bool needs_lock(const device_slot& s) noexcept
+  {
+    const std::thread::id holder = s.section.load(std::memory_order_relaxed);
+    if (holder == std::thread::id{} || holder != std::this_thread::get_id()) return true;
+    return s.mutex != &s.own_mutex && !s.section_world;
+  }
+  std::mutex* m_;
+};
+
+/// Makes the device current for a real stack's call (its events are created on the current device). PyTorch
+/// calls from the device it allocates on: then the device's context is already current, which one driver
+/// query tells (cudaGetDevice alone costs several times more, and a scoped_device twice that).
+struct device_scope {
+  std::optional<strata::detail::scoped_device> on;
+  device_scope(const device_slot& s, int device)
+  {
+    if (s.simulated || (s.context != nullptr && strata::detail::current_context() == s.context)) return;
+    on.emplace(device);
+  }
+};
+
+/// The plug-in's state (Note [The plug-in's locks]). Models: the process-wide allocator behind the C ABI.
+/// Cost: finding a built slot is an atomic load; building one takes the configuration's lock and the stack's
+/// construction (CUDA calls for a real device).
+class plugin_state {
+public:
+  static constexpr int max_devices = 64;
+
+  /// The one state, created on first use and never destroyed.
+  static plugin_state& get();
+
+  /// The device's slot with its stack built (first use: from the configuration). Throws what refused it.
+  device_slot& slot_for(int device);
+  /// A built slot, or null (nothing was ever allocated there, or the device is out of range).
+  device_slot* built_slot(int device) noexcept;
+  /// The device's slot, built or not, for strata_device_lock's sections. Throws refusal out of range.
+  device_slot& any_slot(int device);
+
+  /// f(slot, device) under the lock of the device whose stack owns ptr; false (f not called) where none does.
+  /// O(devices built).
+  template <class F>
+  bool with_owning_slot(const void* ptr, F&& f)
+  {
+    for (int d = 0; d < max_devices; ++d) {
+      device_slot* s = built_slot(d);
+      if (s == nullptr) continue;
+      slot_lock lock(*s);
+      if (!s->stack->owns(ptr)) continue;
+      f(*s, d);
+      return true;
+    }
+    return false;
+  }
+
+  /// f(stack) for every device's built stack, each under its lock with the device current; stops at the
+  /// first exception, which goes to the caller.
+  template <class F>
+  void for_each_built(F&& f)
+  {
+    for (int d = 0; d < max_devices; ++d) {
+      device_slot* s = built_slot(d);
+      if (s == nullptr) continue;
+      slot_lock lock(*s);
+      device_scope on(*s, d);
+      f(*s->stack);
+    }
+  }
+
+  /// strata_configure: refused (std::logic_error) once a stack was built; a bad string throws, nothing changed.
+  void configure(const char* text);
+  /// strata_apply_torch_conf: PyTorch's settings applied (its memory fraction caps every device, built or
+  /// not); returns the notes on settings without effect under strata. Throws on a refused text.
+  std::vector<std::string> apply_torch_conf(const char* text);
+  /// The configured stack's name ("" before any configuration was read).
+  std::string stack_name();
+  /// Whether a failed allocation releases idle memory and tries again (fixed once a stack was built).
+  bool release_on_oom() const noexcept { return conf_->release_on_oom; }
+  bool in_use() const noexcept { return in_use_.load(); }
+
+  /// What strata_malloc_or_throw calls on out of memory (strata_set_oom_handler); null: none.
+  using oom_handler_fn = void (*)(const char* message);
+  void set_oom_handler(oom_handler_fn handler) noexcept { oom_handler_.store(handler); }
+  oom_handler_fn oom_handler() const noexcept { return oom_handler_.load(); }
+
+  /// The simulated devices' pretend GPU, for the strata_sim_* calls; refusal unless stack=simulated. Use it
+  /// under world_mutex().
+  simulated_streams& world();
+  std::mutex& world_mutex() noexcept { return world_mutex_; }
+
+  /// Writes every device's trace file (record=PATH), calling `failed(device)` for each one that could not be
+  /// written. O(devices built) and the writes.
+  template <class F>
+  void flush_traces(F&& failed)
+  {
+    for (int d = 0; d < max_devices; ++d)
+      if (device_slot* s = built_slot(d)) {
+        slot_lock lock(*s);
+        if (!s->stack->flush_trace()) failed(d);
+      }
+  }
+
+private:
+  plugin_state() = default;
+  /// The configuration; on first need, STRATA_ALLOC_CONF's (a bad string throws, every time: no silent
+  /// default). The configuration's lock held.
+  const alloc_conf& conf_locked();
+  simulated_streams& world_locked();
+
+  std::mutex config_mutex_;
+  std::optional<alloc_conf> conf_;
+  /// PyTorch's per_process_memory_fraction (strata_apply_torch_conf): each stack starts under it.
+  std::optional<double> torch_fraction_;
+  std::atomic<bool> in_use_{false};
+  std::atomic<bool> atexit_registered_{false};
+  std::atomic<oom_handler_fn> oom_handler_{nullptr};
+  std::array<device_slot, max_devices> slots_;
+  std::mutex world_mutex_;  ///< the simulated devices' one lock
+  std::unique_ptr<simulated_streams> world_;
+};
+
+} // namespace strata::plugin
