@@ -146,6 +146,7 @@ TEST_CASE("page_mappings: a failed access call unmaps and releases every allocat
 TEST_CASE("page_mappings: destroyed or assigned to, it gives every mapping and range back; a move leaves it empty")
 {
   simulated_pages device(page);
+  simulated_pages other(page);  // outlives `moved`, which takes other's mappings over below
   {
     mappings_t t(device_ref{&device});
     t.reserve(0, range_bytes, range_bytes);
@@ -158,7 +159,6 @@ TEST_CASE("page_mappings: destroyed or assigned to, it gives every mapping and r
     CHECK(t.physical() == 0);  // NOLINT(bugprone-use-after-move): specified empty
     CHECK(t.mappings_live() == 0);
     CHECK(t.band(0).size == 0);
-    simulated_pages other(page);
     mappings_t fresh(device_ref{&other});
     fresh.reserve(0, range_bytes, range_bytes);
     const auto waits = device.counts().synchronizes;
