@@ -207,12 +207,12 @@ TEST_CASE("segment_ledger: adopting reports nothing; then every change is a free
 {
   segment_ledger l;
   CHECK(!l.adopted());
-  snapshot s{.box = "pool", .segments = {{.address = 0x1000, .size = 0x100, .blocks = {}}, {.address = 0x4000, .size = 0x200, .blocks = {}}}};
+  snapshot s{.box = "pool", .segments = {{.address = 0x1000, .size = 0x100, .blocks = {}, .mapped = {}}, {.address = 0x4000, .size = 0x200, .blocks = {}, .mapped = {}}}};
   l.adopt(s);
   CHECK(l.adopted());
   CHECK(l.update(s).empty());
   // One segment grows in place, one goes, one comes.
-  snapshot t{.box = "pool", .segments = {{.address = 0x9000, .size = 0x300, .blocks = {}}, {.address = 0x1000, .size = 0x180, .blocks = {}}}};
+  snapshot t{.box = "pool", .segments = {{.address = 0x9000, .size = 0x300, .blocks = {}, .mapped = {}}, {.address = 0x1000, .size = 0x180, .blocks = {}, .mapped = {}}}};
   const auto changes = l.update(t);
   using c = segment_ledger::change;
   const std::vector<c> expected = {{trace_action::segment_free, 0x1000, 0x100}, {trace_action::segment_free, 0x4000, 0x200},
@@ -238,7 +238,7 @@ TEST_CASE("segment_ledger: random segment sets; replaying the changes rebuilds e
         const std::uintptr_t a = 0x100000u * static_cast<std::uintptr_t>(k + 1);
         const std::size_t n = 0x1000u * (1 + rng() % 3);
         truth[a] = n;
-        s.segments.push_back({.address = a, .size = n, .blocks = {}});
+        s.segments.push_back({.address = a, .size = n, .blocks = {}, .mapped = {}});
       }
     for (const auto& ch : l.update(s)) {
       ++changes;
@@ -303,9 +303,9 @@ TEST_CASE("segment_ledger: a page-mapped pool's reserved ranges are never report
 {
   segment_ledger l;
   l.adopt(snapshot{});
-  const snapshot reserved{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x4000000, .blocks = {}}}};
+  const snapshot reserved{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x4000000, .blocks = {}, .mapped = {}}}};
   CHECK(l.update(reserved).empty());
-  const snapshot grown{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}}}};
+  const snapshot grown{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}, .mapped = {}}}};
   CHECK(l.update(grown).empty());
   CHECK(l.known().empty());
 }

@@ -348,7 +348,7 @@ inline replay_result cudamalloc_baseline(const std::string& name, const std::vec
            [&] {
              strata::snapshot s{.box = "cudaMalloc per tensor", .segments = {}};
              for (const auto& [address, bytes] : blocks) {
-               segment_info seg{.address = address, .size = sim.rounded_size(bytes), .blocks = {{0, bytes, false, -1}}};
+               segment_info seg{.address = address, .size = sim.rounded_size(bytes), .blocks = {{0, bytes, false, -1}}, .mapped = {}};
                if (seg.size > bytes) seg.blocks.push_back({bytes, seg.size - bytes, true, -1});  // rounding: unusable
                s.segments.push_back(std::move(seg));
              }

@@ -147,7 +147,7 @@ public:
   {
     strata::snapshot s{.box = "torch_caching_model", .segments = {}};
     for (const auto& [address, size] : segments_) {
-      segment_info seg{.address = address, .size = size, .blocks = {}};
+      segment_info seg{.address = address, .size = size, .blocks = {}, .mapped = {}};
       for (auto b = blocks_.find(address); b != blocks_.end() && b->second.segment == address; ++b)
         seg.blocks.push_back({b->first - address, b->second.size, !b->second.allocated, b->second.stream});
       s.segments.push_back(std::move(seg));

@@ -15,11 +15,22 @@ struct block_info {
   bool operator==(const block_info&) const = default;
 };
 
-/// One chunk (segment, slab, region) held from the upstream, with its blocks in address order.
+/// One physical allocation mapped into a reserved range (a page-mapped pool's segment): where, from the
+/// segment's base, and how large; one entry per mapping made, so each unmap names a range a map named.
+struct mapped_range {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  bool operator==(const mapped_range&) const = default;
+};
+
+/// One chunk (segment, slab, region) held from the upstream, with its blocks in address order. A page-mapped
+/// pool's segment is a reserved range that holds memory only where `mapped` lists it (address order); a
+/// chunk's `mapped` is empty.
 struct segment_info {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   std::vector<block_info> blocks;
+  std::vector<mapped_range> mapped;
 };
 
 /// A pool's memory at one moment: what torch.cuda.memory_snapshot() shows, for any strata pool.
@@ -35,7 +46,8 @@ struct snapshot {
   }
 };
 
-/// The snapshot as JSON: {"box": ..., "segments": [{"address", "size", "blocks": [...]}]}.
+/// The snapshot as JSON: {"box": ..., "segments": [{"address", "size", "blocks": [...], "mapped": [...]}]},
+/// "mapped" ({"offset", "size"} each) only where the segment lists mapped ranges.
 inline std::string to_json(const snapshot& snap)
 {
   std::string out = "{\"box\":\"";
@@ -56,7 +68,15 @@ inline std::string to_json(const snapshot& snap)
       out += "{\"offset\":" + std::to_string(b.offset) + ",\"size\":" + std::to_string(b.size) +
              ",\"free\":" + (b.free ? "true" : "false") + ",\"stream\":" + std::to_string(b.stream) + "}";
     }
-    out += "]}";
+    out += ']';
+    if (!seg.mapped.empty()) {
+      out += ",\"mapped\":[";
+      for (std::size_t i = 0; i < seg.mapped.size(); ++i)
+        out += (i == 0 ? "{\"offset\":" : ",{\"offset\":") + std::to_string(seg.mapped[i].offset) +
+               ",\"size\":" + std::to_string(seg.mapped[i].size) + "}";
+      out += ']';
+    }
+    out += '}';
   }
   out += "]}";
   return out;

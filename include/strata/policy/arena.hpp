@@ -160,7 +160,7 @@ public:
     strata::snapshot s{.box = "arena", .segments = {}};
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
       const std::size_t used = i < current_ ? chunks_[i].size : i == current_ ? offset_ : 0;
-      segment_info seg{.address = chunks_[i].base, .size = chunks_[i].size, .blocks = {}};
+      segment_info seg{.address = chunks_[i].base, .size = chunks_[i].size, .blocks = {}, .mapped = {}};
       if (used > 0) seg.blocks.push_back({0, used, false, -1});
       if (used < chunks_[i].size) seg.blocks.push_back({used, chunks_[i].size - used, true, -1});
       s.segments.push_back(std::move(seg));

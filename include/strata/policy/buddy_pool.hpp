@@ -157,7 +157,7 @@ public:
   {
     strata::snapshot s{.box = "buddy_pool", .segments = {}};
     for (const auto& [base, r] : regions_) {
-      segment_info seg{.address = base, .size = r.size, .blocks = {}};
+      segment_info seg{.address = base, .size = r.size, .blocks = {}, .mapped = {}};
       describe(r, r.top, 0, seg.blocks);
       s.segments.push_back(std::move(seg));
     }

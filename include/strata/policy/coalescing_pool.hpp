@@ -206,7 +206,7 @@ public:
   {
     strata::snapshot s{.box = "coalescing_pool", .segments = {}};
     for (const auto& [base, chunk] : chunks_) {
-      segment_info seg{.address = base, .size = chunk.size, .blocks = {}};
+      segment_info seg{.address = base, .size = chunk.size, .blocks = {}, .mapped = {}};
       for (const block* b = chunk.first; b != nullptr; b = b->next) seg.blocks.push_back({b->address - base, b->size, b->free, -1});
       s.segments.push_back(std::move(seg));
     }

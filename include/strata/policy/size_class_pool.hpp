@@ -209,7 +209,7 @@ public:
       for (void* p : list) free_set.insert(p, true);
     strata::snapshot s{.box = "size_class_pool", .segments = {}};
     for (const auto& [base, chunk] : chunks_) {
-      segment_info seg{.address = base, .size = opts_.chunk_size, .blocks = {}};
+      segment_info seg{.address = base, .size = opts_.chunk_size, .blocks = {}, .mapped = {}};
       for (auto it = slabs_.lower_bound(base); it != slabs_.end() && it->first < base + opts_.chunk_size; ++it) {
         const slab_info& slab = it->second;
         if (slab.cls == no_class) {

@@ -259,7 +259,7 @@ public:
       const auto& r = maps().band(band);
       if (r.size == 0 || r.pages.empty()) continue;
       const std::size_t extent = r.pages.size() * page_size();
-      segment_info seg{.address = r.base, .size = extent, .blocks = {}};
+      segment_info seg{.address = r.base, .size = extent, .blocks = {}, .mapped = maps().mapped_in(band)};
       for (const block* b = blocks_[band].first; b != nullptr && b->address < r.base + extent; b = b->next)
         seg.blocks.push_back({b->address - r.base, std::min(b->size, r.base + extent - b->address), b->free, -1});
       s.segments.push_back(std::move(seg));

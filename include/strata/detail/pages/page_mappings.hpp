@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include <strata/core/snapshot.hpp>
 #include <strata/detail/address_range.hpp>
 #include <strata/detail/emptied_on_move.hpp>
 #include <strata/detail/pages/mapping_slots.hpp>
@@ -107,6 +108,20 @@ public:
   /// How many of the oldest stale ranges a device wait has covered (they can be given back without one).
   std::size_t stale_covered() const noexcept { return s_.stale_safe; }
   std::uint64_t relocations() const noexcept { return s_.relocations; }
+  /// What is mapped into band `band` now, one entry per mapping made, as offsets from the band's base in
+  /// address order: every live record where it is mapped, and a relocated allocation also where a stale range
+  /// still maps it. Allocations are mapped whole, so each later unmap names a range listed here (what
+  /// PyTorch's trace trackers need: Note [Segments and mapped ranges] in the plug-in). O(m log m), m mappings.
+  std::vector<mapped_range> mapped_in(std::uint32_t band) const
+  {
+    std::vector<mapped_range> out;
+    for (const mapping& m : s_.mappings)
+      if (m.count != 0 && m.band == band) out.push_back({m.first << page_shift_, m.count << page_shift_});
+    for (const stale_range& g : s_.stale)
+      if (!g.unmapped && g.band == band) out.push_back({g.first << page_shift_, g.count << page_shift_});
+    std::sort(out.begin(), out.end(), [](const mapped_range& a, const mapped_range& b) { return a.offset < b.offset; });
+    return out;
+  }
   /// Per-page entries naming the mapping behind a page written so far (the page table counts the live counts
   /// it writes): what a mapping's size would cost if page state were kept page by page.
   std::uint64_t page_state_updates() const noexcept { return s_.page_state_updates; }
