@@ -11,7 +11,7 @@
 
 #include <strata/core/errors.hpp>
 #include <strata/detail/backup_store.hpp>
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/core/tags.hpp>
 
 namespace strata::detail {
 
