@@ -830,8 +830,7 @@ private:
       give_back(n);
       ++own_.policy_seq;
     }
-    s.covered_seq = s.next_seq;
-    s.uncovered_blocks = s.uncovered_bytes = s.blocks_at_cover = s.bytes_at_cover = 0;
+    s.mark_covered();  // nothing left to cover: the counts at the last event are zero too
   }
 
   /// An event after all the owner's policy frees, or null when some have none (made before another stream
@@ -939,11 +938,7 @@ private:
     reap(s);
     if (checks_capture() && captures(stream)) refuse_capture("an event was needed");
     record_into(s.events, stream, s.next_seq, s.device);
-    s.covered_seq = s.next_seq;
-    s.uncovered_blocks = 0;
-    s.uncovered_bytes = 0;
-    s.blocks_at_cover = s.blocks;
-    s.bytes_at_cover = s.bytes;
+    s.mark_covered();
   }
 
   bool policy_has_room(const shape& sh) const noexcept
