@@ -62,8 +62,9 @@ struct set_aside_frees {
 /// the costs) does, with every part of its state. Its calls are stream_ordered's, taking the stream's id when
 /// the caller knows it. The sections below follow one call: the lookup of its stream, the lone owner's short
 /// path, a stream's own cache, the ownership of the policy, the miss path, the pending frees and the capture
-/// path. Models stream_ordered's calls (not a resource itself). Unsynchronized. Move-only: a move hands every
-/// block, event and pool over and leaves the moved-from layer empty.
+/// path. Models nothing itself (stream_ordered is the resource). Cost: stream_ordered's, each section saying
+/// its own; the calls stream_ordered forwards inline, so its face adds none. Unsynchronized. Move-only: a move
+/// hands every block, event and pool over and leaves the moved-from layer empty.
 template <resource Policy, event_backend Backend>
 class stream_ordered_impl {
 public:
