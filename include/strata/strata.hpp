@@ -8,7 +8,7 @@
 #include <strata/core/properties.hpp>
 #include <strata/core/ref.hpp>
 #include <strata/core/snapshot.hpp>
-#include <strata/core/tag_id.hpp>
+#include <strata/core/tags.hpp>
 #include <strata/core/usage.hpp>
 
 #include <strata/source/async_source.hpp>

@@ -9,6 +9,8 @@
 
 namespace strata {
 
+/// CRTP base: the CCCL 3.1 synchronous names. Derived provides allocate(bytes, alignment) and
+/// deallocate(p, bytes, alignment) noexcept, which these call.
 template <class Derived>
 class sync_names {
 public:
@@ -22,9 +24,11 @@ public:
   }
 };
 
-/// The stream-first overloads alone, present when Enabled (a box that is stream-ordered only when its
-/// upstreams are). Derived must say `using stream_first_names<D, E>::allocate;` (and deallocate) so that its
-/// own synchronous allocate does not hide these.
+/// CRTP base: the stream-first overloads alone, present when Enabled (a box that is stream-ordered only when
+/// its upstreams are). Derived provides allocate_async(bytes, alignment, stream) and
+/// deallocate_async(p, bytes, alignment, stream) noexcept, which these call, and must say
+/// `using stream_first_names<D, E>::allocate;` (and deallocate) so that its own synchronous allocate does not
+/// hide these.
 template <class Derived, bool Enabled = true>
 class stream_first_names {
 public:
@@ -40,8 +44,9 @@ public:
   }
 };
 
-/// Stream-ordered boxes have both generations of names; they must say `using stream_names<D>::allocate;`
-/// (and deallocate) so that their own synchronous allocate does not hide the stream-first ones.
+/// CRTP base: stream-ordered boxes have both generations of names (Derived provides what sync_names and
+/// stream_first_names call); they must say `using stream_names<D>::allocate;` (and deallocate) so that their
+/// own synchronous allocate does not hide the stream-first ones.
 template <class Derived>
 class stream_names : public sync_names<Derived>, public stream_first_names<Derived> {
 public:

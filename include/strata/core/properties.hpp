@@ -19,7 +19,8 @@ inline constexpr bool is_device_accessible_v = has_property<R, device_accessible
 template <class R>
 inline constexpr bool is_host_accessible_v = has_property<R, host_accessible>;
 
-/// CRTP base: Derived gets every stateless property that Upstream has, and no other.
+/// CRTP base: Derived gets every stateless property that Upstream has, and no other. Derived provides
+/// nothing: it is only the type the properties are found for.
 template <class Derived, class Upstream>
 struct forward_properties {
   template <class Property>

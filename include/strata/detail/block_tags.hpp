@@ -4,7 +4,7 @@
 // (mapped_pool's tag_of and paused) is asked; any other policy's blocks all carry tag 0 and cost nothing.
 #include <concepts>
 
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/core/tags.hpp>
 
 namespace strata::detail {
 

@@ -1,18 +1,10 @@
 #pragma once
-// The tag the calling thread's allocations carry (core/tag_id.hpp says what tags are for), unless a call
-// names one.
+// The scope that gives a thread's allocations a tag (core/tags.hpp says what tags are for).
 #include <utility>
 
-#include <strata/core/tag_id.hpp>
+#include <strata/core/tags.hpp>
 
 namespace strata {
-
-namespace detail {
-inline thread_local tag_id thread_tag = 0;
-} // namespace detail
-
-/// The tag the calling thread's allocations carry now (0 outside any tag_scope).
-inline tag_id current_tag() noexcept { return detail::thread_tag; }
 
 /// Gives the calling thread's allocations `tag` while it lives, then the tag before it (scopes nest). Costs
 /// two thread-local writes; no lock. Not movable: it belongs to the thread and the scope that made it.

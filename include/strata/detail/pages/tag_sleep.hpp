@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <strata/core/errors.hpp>
-#include <strata/core/tag_id.hpp>
+#include <strata/core/tags.hpp>
 #include <strata/detail/pages/backup_store.hpp>
 
 namespace strata::detail {

@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <strata/detail/stream_cache.hpp>
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/detail/stream/stream_cache.hpp>
+#include <strata/core/tags.hpp>
 
 namespace strata::detail {
 

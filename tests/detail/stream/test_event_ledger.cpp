@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include <strata/detail/event_ledger.hpp>
+#include <strata/detail/stream/event_ledger.hpp>
 #include <strata/stream/simulated_streams.hpp>
 
 using namespace strata;

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include <strata/detail/graph_pools.hpp>
+#include <strata/detail/stream/graph_pools.hpp>
 
 using namespace strata::detail;
 

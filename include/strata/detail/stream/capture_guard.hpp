@@ -112,8 +112,11 @@ public:
   }
 
   /// Runs f with the calling thread's capture mode relaxed while a capture this guard has seen may still go
-  /// on: in the default (global) mode a "potentially unsafe" call from any thread (a source's cudaMalloc, an
-  /// event query for an uncaptured stream) invalidates every capture going on.
+  /// on. Note [Capture mode relaxed]: in the default (global) mode a "potentially unsafe" call from any
+  /// thread (a source's cudaMalloc or cuMemCreate, an event query) invalidates every capture going on, even
+  /// when it is made for an uncaptured stream. Relaxed, the call goes through and is not captured, which is
+  /// what a pool wants of its growth (its memory belongs to the pool, not to a graph); PyTorch relaxes the
+  /// mode the same way. The mode is put back after f, whatever f does.
   template <class Backend, class F>
   [[gnu::always_inline]] decltype(auto) relaxed(Backend& backend, F&& f)
   {

@@ -14,9 +14,9 @@
 #include <strata/core/alignment.hpp>
 #include <strata/core/concepts.hpp>
 #include <strata/core/config.hpp>
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/core/tags.hpp>
 
-#include <strata/detail/event_ledger.hpp>
+#include <strata/detail/stream/event_ledger.hpp>
 #include <strata/detail/object_pool.hpp>
 
 namespace strata::detail {

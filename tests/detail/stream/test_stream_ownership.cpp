@@ -1,6 +1,7 @@
-// detail::stream_ownership, through stream_ordered: which stream's frees go straight to the policy, and how
-// the owner's frees are covered by events (one per free, none past owner_cover_window, or one on demand for a
-// permanent owner) before another stream takes from the policy.
+// stream_ordered's ownership of its policy (detail::stream_ordered_impl, "Ownership of the policy"): which
+// stream's frees go straight to the policy, and how the owner's frees are covered by events (one per free,
+// none past owner_cover_window, or one on demand for a permanent owner) before another stream takes from the
+// policy.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,8 +1,7 @@
 #pragma once
 // Tags name groups of allocations that sleep and wake together (mapped_pool::pause / resume): a trainer's
-// weights and optimizer state under one tag, an inference engine's KV cache under another. The tag type
-// itself, for the layers that carry tags; which tag the calling thread's allocations carry is
-// sleep/tag_scope.hpp's.
+// weights and optimizer state under one tag, an inference engine's KV cache under another. Allocations carry
+// the calling thread's tag unless a call names one (strata::tag_scope sets it).
 #include <cstdint>
 
 namespace strata {
@@ -12,5 +11,12 @@ using tag_id = std::uint32_t;
 
 /// The most distinct tags a pool serves (tags 0 to max_tags - 1): each costs two reserved address ranges.
 inline constexpr tag_id max_tags = 1024;
+
+namespace detail {
+inline thread_local tag_id thread_tag = 0;
+} // namespace detail
+
+/// The tag the calling thread's allocations carry now (0 outside any tag_scope).
+inline tag_id current_tag() noexcept { return detail::thread_tag; }
 
 } // namespace strata

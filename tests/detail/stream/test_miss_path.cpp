@@ -1,5 +1,5 @@
-// detail::miss_path, through stream_ordered: which blocks a miss takes back or hands over before the policy
-// grows, and that a refused allocation changes nothing.
+// stream_ordered's miss path (detail::stream_ordered_impl, "The miss path"): which blocks a miss takes back
+// or hands over before the policy grows, and that a refused allocation changes nothing.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// detail::pending_frees, through stream_ordered: synchronous frees set aside until one device-wide wait, and
-// blocks whose wait fails abandoned, never handed back as if safe.
+// stream_ordered's pending frees (detail::stream_ordered_impl, "Pending frees"): synchronous frees set aside
+// until one device-wide wait, and blocks whose wait fails abandoned, never handed back as if safe.
 #include <doctest/doctest.h>
 
 #include <algorithm>

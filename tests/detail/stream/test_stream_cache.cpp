@@ -7,7 +7,7 @@
 #include <utility>
 
 #include <strata/core/alignment.hpp>
-#include <strata/detail/stream_cache.hpp>
+#include <strata/detail/stream/stream_cache.hpp>
 #include <strata/stream/simulated_streams.hpp>
 
 using namespace strata;

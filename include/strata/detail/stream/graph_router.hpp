@@ -11,9 +11,9 @@
 #include <vector>
 
 #include <strata/core/config.hpp>
-#include <strata/detail/capture_guard.hpp>
+#include <strata/detail/stream/capture_guard.hpp>
 #include <strata/detail/emptied_on_move.hpp>
-#include <strata/detail/graph_pools.hpp>
+#include <strata/detail/stream/graph_pools.hpp>
 
 namespace strata::detail {
 

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include <strata/core/errors.hpp>
-#include <strata/detail/capture_guard.hpp>
+#include <strata/detail/stream/capture_guard.hpp>
 #include <strata/stream/simulated_streams.hpp>
 
 using namespace strata;

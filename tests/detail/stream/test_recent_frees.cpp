@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include <strata/detail/recent_frees.hpp>
+#include <strata/detail/stream/recent_frees.hpp>
 
 using namespace strata;
 

@@ -1,7 +1,8 @@
-// detail::stream_lookup, through stream_ordered over simulated streams: which backend calls a call on a stream
-// makes to learn the stream's id and capture state (the simulated world counts each id and capture query, a
-// driver call each on a GPU, and throws if a capturing stream's id is asked), and that knowing them from
-// cheaper evidence keeps every capture and reuse rule.
+// stream_ordered's lookup of a call's stream (detail::stream_ordered_impl, "The stream of a call"), over
+// simulated streams: which backend calls a call on a stream makes to learn the stream's id and capture state
+// (the simulated world counts each id and capture query, a driver call each on a GPU, and throws if a
+// capturing stream's id is asked), and that knowing them from cheaper evidence keeps every capture and reuse
+// rule.
 #include <doctest/doctest.h>
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// detail::capture_path, through stream_ordered: what the layer does when it cannot tell whether a stream is
-// being captured.
+// stream_ordered's capture path (detail::stream_ordered_impl, "Capture"): what the layer does when it cannot
+// tell whether a stream is being captured.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include <strata/sleep/tag_scope.hpp>
+#include <strata/core/tags.hpp>
 
 namespace strata::detail {
 
