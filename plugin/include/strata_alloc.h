@@ -112,8 +112,8 @@ STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, c
 /* The device's lock, held by the calling thread across several calls (strata's PyTorch backend keeps its own
  * books of the device under it, so one lock covers both): entry points this thread calls for that device
  * meanwhile do not lock again; call no others inside, and none that works on every device (strata_reset,
- * strata_record_stream, strata_record_flush, the tag and backup calls): they would lock devices in another order, or
- * the simulated devices' shared lock twice. Pairs nest; other threads' calls for the device wait.
+ * strata_record_stream, strata_record_flush, the tag and backup calls): they would lock devices in another
+ * order, or the simulated devices' shared lock twice. Pairs nest; other threads' calls for the device wait.
  * 0, or -1 for a device out of range (message set). Unlock with the same device on the same thread. */
 STRATA_ALLOC_API int strata_device_lock(int device);
 STRATA_ALLOC_API void strata_device_unlock(int device);

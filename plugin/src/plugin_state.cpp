@@ -206,7 +206,10 @@ void plugin_state::configure(const char* text)
   conf_ = parse_alloc_conf(text != nullptr ? text : "");
 }
 
-pin_lender plugin_state::lent_pins() noexcept { return lender_ ? pin_lender(&lender_, &take_from, &give_to) : pin_lender{}; }
+pin_lender plugin_state::lent_pins() noexcept
+{
+  return lender_ ? pin_lender(&lender_, &take_from, &give_to) : pin_lender{};
+}
 
 bool plugin_state::set_backup_lender(const backup_lender& lender)
 {

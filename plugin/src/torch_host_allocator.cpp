@@ -368,8 +368,9 @@ extern "C" STRATA_ALLOC_API int strata_torch_lend_pinned(int on)
     last_error() = "strata's pinned-memory allocator is not installed (strata_torch_install_pinned first)";
     return -1;
   }
-  const int answer = on != 0 ? strata_set_backup_lender(&strata_allocator, &strata_host_allocator::lend, &strata_host_allocator::take_back)
-                             : strata_clear_backup_lender();
+  const int answer = on != 0
+                         ? strata_set_backup_lender(&strata_allocator, &strata_host_allocator::lend, &strata_host_allocator::take_back)
+                         : strata_clear_backup_lender();
   if (answer < 0) {
     last_error() = strata_last_error();
     return -1;
