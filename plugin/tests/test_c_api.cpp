@@ -173,6 +173,15 @@ struct counting_lender {
   unsigned char* lent_block() const { return out.size() == 1 ? static_cast<unsigned char*>(out.begin()->first) : nullptr; }
 };
 
+/// An allocation on `device` carrying `tag`.
+void* tagged_malloc(unsigned tag, std::size_t bytes, int device, cudaStream_t stream)
+{
+  strata_tag_begin(tag);
+  void* p = strata_malloc(bytes, device, stream);
+  strata_tag_end();
+  return p;
+}
+
 /// Fills `bytes` at p with a pattern that tells each byte's place apart.
 void stamp(unsigned char* p, std::size_t bytes, unsigned seed)
 {
@@ -1218,9 +1227,7 @@ TEST_CASE("C API: a pause borrows its backup from the lender, which a resume get
           counting_lender lender;
           EXPECT(lender.lend() == 1);  // before any stack is built: the stacks built later borrow
           cudaStream_t a = strata_sim_stream_create(0);
-          strata_tag_begin(3);
-          void* weights = strata_malloc(40 * MiB, 0, a);
-          strata_tag_end();
+          void* weights = tagged_malloc(3, 40 * MiB, 0, a);
           EXPECT(weights != nullptr);
           const unsigned trainer[] = {3};
           EXPECT(strata_pause(trainer, 1, 1) == 0);
@@ -1254,9 +1261,7 @@ TEST_CASE("C API: a lender that lends nothing fails the pause as out of memory, 
           EXPECT(strata_configure("stack=simulated,sim_capacity=256MiB") == 0);
           counting_lender lender;
           cudaStream_t a = strata_sim_stream_create(0);
-          strata_tag_begin(3);
-          void* weights = strata_malloc(40 * MiB, 0, a);
-          strata_tag_end();
+          void* weights = tagged_malloc(3, 40 * MiB, 0, a);
           EXPECT(lender.lend() == 1);  // the stack is built: it borrows from here on
           const unsigned trainer[] = {3};
           EXPECT(strata_pause(trainer, 1, 1) == 0);
@@ -1269,9 +1274,7 @@ TEST_CASE("C API: a lender that lends nothing fails the pause as out of memory, 
           EXPECT(strata_tag_figures_get(0, 3, &awake) == 0);
           EXPECT(awake.paused == 0 && awake.in_use == 40 * MiB && awake.physical >= 40 * MiB);
           EXPECT(lender.out.empty() && strata_release_backup() == 0);
-          strata_tag_begin(3);
-          void* more = strata_malloc(MiB, 0, a);  // the tag still serves allocations
-          strata_tag_end();
+          void* more = tagged_malloc(3, MiB, 0, a);  // the tag still serves allocations
           EXPECT(more != nullptr);
           strata_free(more, MiB, 0, a);
           lender.refuse = false;
@@ -1290,9 +1293,7 @@ TEST_CASE("C API: the lender is not switched while backup memory is out; every d
           EXPECT(strata_set_backup_lender(&first, &counting_lender::take, nullptr) == -1);
           EXPECT(mentions("both take and give"));
           cudaStream_t on0 = strata_sim_stream_create(0);
-          strata_tag_begin(3);
-          void* weights = strata_malloc(40 * MiB, 0, on0);
-          strata_tag_end();
+          void* weights = tagged_malloc(3, 40 * MiB, 0, on0);
           EXPECT(first.lend() == 1);
           const unsigned trainer[] = {3};
           EXPECT(strata_pause(trainer, 1, 1) == 0);
@@ -1315,9 +1316,7 @@ TEST_CASE("C API: the lender is not switched while backup memory is out; every d
           EXPECT(second.lend() == 1);
           // Device 1's stack is built after the lender was set: its pause borrows from it as well.
           cudaStream_t on1 = strata_sim_stream_create(1);
-          strata_tag_begin(5);
-          void* cache = strata_malloc(24 * MiB, 1, on1);
-          strata_tag_end();
+          void* cache = tagged_malloc(5, 24 * MiB, 1, on1);
           const unsigned both[] = {3, 5};
           EXPECT(strata_pause(both, 2, 1) == 0);
           EXPECT(second.takes == 2 && second.bytes_out() == 64 * MiB && first.out.empty());

@@ -259,20 +259,14 @@ def main():
         check(f"strata held / requested <= 1.02 on {name}", s["held"] / s["requested"] <= 1.02,
               f"{s['held'] / s['requested']:.4f} (PyTorch {t['held'] / t['requested']:.3f})")
         check(f"host_memory_stats equals strata's own figure on {name}", s["held"] == s.get("strata_pinned"))
-    routes = run_child("routes", "strata")
-    report["routes"] = routes
-    if "error" in routes:
-        check("routes ran", False, routes["error"])
-    else:
-        for name, ok in routes["checks"].items():
-            check(name, ok)
-    budget = run_child("budget", "strata")
-    report["budget"] = budget
-    if "error" in budget:
-        check("budget ran", False, budget["error"])
-    else:
-        for name, ok in budget["checks"].items():
-            check(name, ok)
+    for part in ("routes", "budget"):
+        result = run_child(part, "strata")
+        report[part] = result
+        if "error" in result:
+            check(f"{part} ran", False, result["error"])
+        else:
+            for name, ok in result["checks"].items():
+                check(name, ok)
     offload = {mode: run_child("offload", mode) for mode in ("torch", "strata")}
     report["offload"] = offload
     if any("error" in o for o in offload.values()):
