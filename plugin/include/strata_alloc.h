@@ -154,8 +154,8 @@ STRATA_ALLOC_API size_t strata_release_backup(void);
  * strata_release_backup). */
 typedef void* (*strata_backup_take_fn)(void* ctx, size_t bytes);
 typedef void (*strata_backup_give_fn)(void* ctx, void* p, size_t bytes);
-/* Every device's page-mapped stack, those built now and those built later, borrows its backup from the lender.
- * 1: lent; 0: the stacks cannot sleep (stack=coalescing), so nothing is lent, not an error; -1 with
+/* Every device's page-mapped stack, those built already and those built later, borrows its backup from the
+ * lender. 1: lent; 0: the stacks cannot sleep (stack=coalescing), so nothing is lent, not an error; -1 with
  * strata_last_error(): refused, nothing changed: a null take or give, or a device holds backup memory (a tag
  * paused with its backup, or memory pinned ahead by strata_reserve_backup: resume the tags or call
  * strata_release_backup() first). Setting the lender already set is 1 (or 0) at once. */

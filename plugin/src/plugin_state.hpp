@@ -205,7 +205,7 @@ public:
   void set_oom_handler(oom_handler_fn handler) noexcept { oom_handler_.store(handler); }
   oom_handler_fn oom_handler() const noexcept { return oom_handler_.load(); }
 
-  /// Every device's stack, built now or later, borrows its sleep/wake backup from `lender` (empty: pins its
+  /// Every device's stack, built already or later, borrows its sleep/wake backup from `lender` (empty: pins its
   /// own). Refusal, nothing changed, while a device holds backup memory; none when `lender` is the one set.
   /// Returns whether the configured stacks can sleep (else nothing is lent). Takes the backup's lock: not
   /// inside a device's lock. O(devices built), no CUDA call.

@@ -1266,7 +1266,7 @@ TEST_CASE("C API: a lender that lends nothing fails the pause as out of memory, 
           const unsigned trainer[] = {3};
           EXPECT(strata_pause(trainer, 1, 1) == 0);
           if (unsigned char* backup = lender.lent_block()) stamp(backup, 40 * MiB, 9);
-          EXPECT(strata_resume(trainer, 1) == 0);  // the device holds the pattern now
+          EXPECT(strata_resume(trainer, 1) == 0);  // the pattern is on the device
           lender.refuse = true;
           EXPECT(strata_pause(trainer, 1, 1) == -1);
           EXPECT(mentions("out of memory") && mentions("lent nothing"));
@@ -1285,7 +1285,7 @@ TEST_CASE("C API: a lender that lends nothing fails the pause as out of memory, 
         }) == "");
 }
 
-TEST_CASE("C API: the lender is not switched while backup memory is out; every device switches, built now or later")
+TEST_CASE("C API: the lender is not switched while backup memory is out; every device switches, built before or after")
 {
   CHECK(in_child([](expectations& ex) {
           EXPECT(strata_configure("stack=simulated,sim_devices=2,sim_capacity=256MiB") == 0);
@@ -1298,7 +1298,7 @@ TEST_CASE("C API: the lender is not switched while backup memory is out; every d
           const unsigned trainer[] = {3};
           EXPECT(strata_pause(trainer, 1, 1) == 0);
           EXPECT(first.bytes_out() == 40 * MiB);
-          // A paused tag's backup is the first lender's: neither another lender nor the stack's own pins now.
+          // A paused tag's backup is the first lender's: switching to another lender or to the stack's own pins is refused.
           EXPECT(second.lend() == -1);
           EXPECT(mentions("device 0 holds 41943040 bytes") && mentions("strata_release_backup()"));
           EXPECT(strata_clear_backup_lender() == -1);
