@@ -112,8 +112,8 @@ STRATA_ALLOC_API void strata_free_observed(void* ptr, size_t size, int device, c
 /* The device's lock, held by the calling thread across several calls (strata's PyTorch backend keeps its own
  * books of the device under it, so one lock covers both): entry points this thread calls for that device
  * meanwhile do not lock again; call no others inside, and none that works on every device (strata_reset,
- * strata_record_stream, strata_record_flush, the tag calls): they would lock devices in another order, or
- * the simulated devices' shared lock twice. Pairs nest; other threads' calls for the device wait.
+ * strata_record_stream, strata_record_flush, the tag and backup calls): they would lock devices in another
+ * order, or the simulated devices' shared lock twice. Pairs nest; other threads' calls for the device wait.
  * 0, or -1 for a device out of range (message set). Unlock with the same device on the same thread. */
 STRATA_ALLOC_API int strata_device_lock(int device);
 STRATA_ALLOC_API void strata_device_unlock(int device);
@@ -144,6 +144,25 @@ STRATA_ALLOC_API int strata_resume(const unsigned* tags, size_t n);
 STRATA_ALLOC_API int strata_reserve_backup(int device, size_t bytes);
 /* Unpins the backup memory no paused tag holds, on every device; returns the bytes unpinned. */
 STRATA_ALLOC_API size_t strata_release_backup(void);
+/* Where the sleep/wake backup comes from (Note [One pinned budget], include/strata/pinned/pin_lender.hpp): a
+ * process that pauses tags and also keeps a pinned pool (PyTorch's pinned tensors, offload buffers) pins once
+ * when the pool lends the backup. take(ctx, bytes) returns pinned host memory registered with CUDA, at least
+ * 4096-aligned, or null when it cannot (the pause then fails as out of memory, the tag still running, nothing
+ * lost); give(ctx, p, bytes) takes it back. Neither may throw or call back into this library: both run under a
+ * device's lock, on the thread that pauses or resumes. A pause takes its backup from the lender and a resume
+ * gives it back at once; strata_reserve_backup takes ahead from it too (given back at the next resume or
+ * strata_release_backup). */
+typedef void* (*strata_backup_take_fn)(void* ctx, size_t bytes);
+typedef void (*strata_backup_give_fn)(void* ctx, void* p, size_t bytes);
+/* Every device's page-mapped stack, those built already and those built later, borrows its backup from the
+ * lender. 1: lent; 0: the stacks cannot sleep (stack=coalescing), so nothing is lent, not an error; -1 with
+ * strata_last_error(): refused, nothing changed: a null take or give, or a device holds backup memory (a tag
+ * paused with its backup, or memory pinned ahead by strata_reserve_backup: resume the tags or call
+ * strata_release_backup() first). Setting the lender already set is 1 (or 0) at once. */
+STRATA_ALLOC_API int strata_set_backup_lender(void* ctx, strata_backup_take_fn take, strata_backup_give_fn give);
+/* Back to pinning their own: 0, or -1 with the message (refused as above while backup memory is out). Once it
+ * returns 0 no stack calls the old lender again. */
+STRATA_ALLOC_API int strata_clear_backup_lender(void);
 /* One tag's figures on one device. */
 typedef struct strata_tag_figures {
   size_t physical;      /* bytes of device memory mapped for the tag (0 while paused) */

@@ -23,6 +23,7 @@
 #include <strata/core/usage.hpp>
 #include <strata/default_pool.hpp>
 #include <strata/pages/page_backend.hpp>
+#include <strata/pinned/pin_lender.hpp>
 #include <strata/sleep/tag_scope.hpp>
 #include <strata/stream/cuda_events.hpp>
 #include <strata/stream/identified_stream.hpp>
@@ -98,6 +99,12 @@ public:
   virtual void resume(std::span<const tag_id> tags) = 0;
   virtual void reserve_backup(std::size_t bytes) = 0;
   virtual std::size_t release_backup() = 0;
+  /// Pinned host memory held for backups now (0 without tags).
+  virtual std::size_t backup_bytes() const noexcept = 0;
+  /// Borrows the backup from `lender` from here on (empty: pins its own; Note [One pinned budget]). The caller
+  /// sees that backup_bytes() is 0 first: memory out goes back to where it came from. False, nothing done,
+  /// where the stack cannot sleep. O(1).
+  virtual bool lend_backup(pin_lender lender) noexcept = 0;
   /// Whether this device holds memory or live blocks under `tag`, or has it paused; false without tags.
   virtual bool holds_tag(tag_id tag) const noexcept = 0;
   virtual bool tag_paused(tag_id tag) const noexcept = 0;
@@ -264,6 +271,20 @@ public:
     if constexpr (sleeps) return inner().policy().release_backup();
     else return 0;
   }
+  std::size_t backup_bytes() const noexcept override
+  {
+    if constexpr (sleeps) return inner().policy().backup_bytes();
+    else return 0;
+  }
+  bool lend_backup(pin_lender lender) noexcept override
+  {
+    if constexpr (borrows) {
+      inner().policy().backend().lend_pins_from(lender);
+      return true;
+    } else {
+      return false;
+    }
+  }
   bool holds_tag(tag_id tag) const noexcept override
   {
     if constexpr (sleeps) {
@@ -318,6 +339,11 @@ private:
   }
 
   static constexpr bool sleeps = requires(Stack& s, std::span<const tag_id> t) { strata::pause(s, t, true); };
+  /// Whether the stack sleeps over a page backend (its policy's) that can borrow the backup.
+  static constexpr bool borrows = [] {
+    if constexpr (sleeps) return lends_pins<std::remove_cvref_t<decltype(std::declval<Stack&>().policy().backend())>>;
+    else return false;
+  }();
 
   [[noreturn]] static void no_tags()
   {

@@ -2,8 +2,10 @@
 #include "plugin_state.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "c_boundary.hpp"
@@ -17,6 +19,29 @@ void flush_all_traces() noexcept
 {
   plugin_state::get().flush_traces([](int) {});
 }
+
+/// pin_lender's take over the C lender: null (it could not lend) is out of memory, so the pause fails with the
+/// tag still running; memory off the promised alignment goes straight back.
+void* take_from(void* lender, std::size_t bytes)
+{
+  const auto& l = *static_cast<const backup_lender*>(lender);
+  void* p = l.take(l.ctx, bytes);
+  if (p == nullptr) throw out_of_memory("the backup's lender (strata_set_backup_lender)", bytes, "it lent nothing");
+  if (reinterpret_cast<std::uintptr_t>(p) % pin_lender::page_alignment != 0) {
+    l.give(l.ctx, p, bytes);
+    throw std::logic_error("the backup's lender (strata_set_backup_lender) lent memory that is not 4096-aligned");
+  }
+  return p;
+}
+
+void give_to(void* lender, void* p, std::size_t bytes) noexcept
+{
+  const auto& l = *static_cast<const backup_lender*>(lender);
+  l.give(l.ctx, p, bytes);
+}
+
+/// Whether stacks of this kind sleep and wake by tag (page-mapped), so have a backup to borrow.
+bool sleeps(stack_kind k) noexcept { return k == stack_kind::default_pool || k == stack_kind::simulated; }
 
 } // namespace
 
@@ -160,6 +185,7 @@ device_slot& plugin_state::slot_for(int device)
   } else {
     b = build_stack(c, device, nullptr);
   }
+  if (lender_) (void)b.stack->lend_backup(lent_pins());
   s.stack = std::move(b.stack);
   s.simulated = b.simulated;
   s.context = b.context;
@@ -178,6 +204,42 @@ void plugin_state::configure(const char* text)
   if (in_use_.load())
     throw std::logic_error("refused: the allocator is in use (a stack was built); configure before the first allocation");
   conf_ = parse_alloc_conf(text != nullptr ? text : "");
+}
+
+pin_lender plugin_state::lent_pins() noexcept
+{
+  return lender_ ? pin_lender(&lender_, &take_from, &give_to) : pin_lender{};
+}
+
+bool plugin_state::set_backup_lender(const backup_lender& lender)
+{
+  std::lock_guard backup_lock(backup_mutex_);  // no backup taken or given until every device switched
+  bool can_sleep = false;
+  {
+    std::lock_guard config_lock(config_mutex_);
+    can_sleep = sleeps(conf_locked().stack);
+  }
+  if (lender == lender_) return can_sleep;
+  // A stack's backup memory goes back to where it came from: switching with some out would hand the old
+  // lender's memory to the new one (or unpin memory the stack never pinned).
+  for (int d = 0; d < max_devices; ++d)
+    if (device_slot* s = built_slot(d)) {
+      slot_lock lock(*s);
+      if (const std::size_t out = s->stack->backup_bytes(); out != 0)
+        throw refusal("device " + std::to_string(d) + " holds " + std::to_string(out) +
+                      " bytes of sleep/wake backup (a tag paused with its backup, or memory pinned ahead by "
+                      "strata_reserve_backup): resume the paused tags or call strata_release_backup() first");
+    }
+  {
+    std::lock_guard config_lock(config_mutex_);  // stacks built from here on borrow from the new lender
+    lender_ = lender;
+  }
+  for (int d = 0; d < max_devices; ++d)
+    if (device_slot* s = built_slot(d)) {
+      slot_lock lock(*s);
+      (void)s->stack->lend_backup(lent_pins());
+    }
+  return can_sleep;
 }
 
 std::vector<std::string> plugin_state::apply_torch_conf(const char* text)

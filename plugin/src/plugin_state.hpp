@@ -14,6 +14,7 @@
 
 #include <strata_alloc.h>
 
+#include <strata/pinned/pin_lender.hpp>
 #include <strata/stream/simulated_streams.hpp>
 
 #include "alloc_conf.hpp"
@@ -24,18 +25,26 @@ namespace strata::plugin {
 
 // Note [The plug-in's locks]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// PyTorch calls from many threads. The state has three kinds of lock:
-//   - the configuration's (plugin_state::config_mutex_): the configuration, PyTorch's memory fraction, and the
-//     building of any stack;
+// PyTorch calls from many threads. The state has four kinds of lock:
+//   - the backup's (plugin_state::backup_mutex_): taken first by every call that changes a device's sleep/wake
+//     backup or where it comes from (pause, resume, reserve and release backup, set and clear the lender), so a
+//     lender is switched only while its check that no device holds backup memory still holds;
+//   - the configuration's (plugin_state::config_mutex_): the configuration, PyTorch's memory fraction, the
+//     backup's lender, and the building of any stack;
 //   - each device's (device_slot::mutex): its stack and everything else in its slot. A real device's is the
 //     slot's own; the simulated devices share the world's, since they share one pretend GPU;
 //   - the world's (plugin_state::world_mutex_): the simulated streams.
-// A thread takes them in the order device, then configuration, then world, and holds one device's lock at a
+// A thread takes them in the order backup, device, configuration, world, and holds one device's lock at a
 // time: calls that work on every device take each in turn. A caller may hold a device's lock across several
 // entry points (strata_device_lock, which strata's PyTorch backend takes for its own books): those do not
 // lock it again (slot_lock), and a stack first built inside such a section takes the configuration's lock
-// then, which the order allows. A slot is published (device_slot::built, release) once its stack is built and
-// never changes its stack afterwards, so a built slot is found without a lock.
+// then, which the order allows; the calls that take the backup's lock are not made inside one. A slot is
+// published (device_slot::built, release) once its stack is built and never changes its stack afterwards, so
+// a built slot is found without a lock.
+//
+// The backup's lender (strata_set_backup_lender) is called under a device's lock and takes its own lock
+// inside (strata's pinned host allocator's mutex, torch_host_allocator.cpp). That lock comes last of all: its
+// holder never calls into this library, so it never waits for a lock held by a thread that waits for it.
 //
 // Lifetime: the state is created on first use and never destroyed. PyTorch frees tensors during interpreter
 // teardown, after static destructors may have run, and the CUDA runtime may be gone by then: a stack that
@@ -122,6 +131,17 @@ struct device_scope {
   }
 };
 
+/// The pinned pool the devices' sleep/wake backup is borrowed from (strata_set_backup_lender; Note [One pinned
+/// budget]): the caller's two C calls and their context. Empty: each stack pins its own.
+struct backup_lender {
+  void* ctx = nullptr;
+  strata_backup_take_fn take = nullptr;
+  strata_backup_give_fn give = nullptr;
+
+  explicit operator bool() const noexcept { return take != nullptr; }
+  friend bool operator==(const backup_lender&, const backup_lender&) = default;
+};
+
 /// The plug-in's state (Note [The plug-in's locks]). Models: the process-wide allocator behind the C ABI.
 /// Cost: finding a built slot is an atomic load; building one takes the configuration's lock and the stack's
 /// construction (CUDA calls for a real device).
@@ -185,6 +205,14 @@ public:
   void set_oom_handler(oom_handler_fn handler) noexcept { oom_handler_.store(handler); }
   oom_handler_fn oom_handler() const noexcept { return oom_handler_.load(); }
 
+  /// Every device's stack, built already or later, borrows its sleep/wake backup from `lender` (empty: pins its
+  /// own). Refusal, nothing changed, while a device holds backup memory; none when `lender` is the one set.
+  /// Returns whether the configured stacks can sleep (else nothing is lent). Takes the backup's lock: not
+  /// inside a device's lock. O(devices built), no CUDA call.
+  bool set_backup_lender(const backup_lender& lender);
+  /// Held by every call that changes a device's backup (pause, resume, reserve and release backup), first.
+  std::mutex& backup_mutex() noexcept { return backup_mutex_; }
+
   /// The simulated devices' pretend GPU, for the strata_sim_* calls; refusal unless stack=simulated. Use it
   /// under world_mutex().
   simulated_streams& world();
@@ -208,8 +236,14 @@ private:
   /// default). The configuration's lock held.
   const alloc_conf& conf_locked();
   simulated_streams& world_locked();
+  /// The lender's calls as a stack borrows through them (lender_'s, read under a device's lock while the
+  /// backup's lock is held); empty without a lender.
+  pin_lender lent_pins() noexcept;
 
+  std::mutex backup_mutex_;
   std::mutex config_mutex_;
+  /// Written under the backup's and the configuration's locks; read under either.
+  backup_lender lender_;
   std::optional<alloc_conf> conf_;
   /// PyTorch's per_process_memory_fraction (strata_apply_torch_conf): each stack starts under it.
   std::optional<double> torch_fraction_;

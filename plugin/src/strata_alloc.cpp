@@ -427,6 +427,7 @@ unsigned strata_current_tag(void) { return strata::current_tag(); }
 int strata_pause(const unsigned* tags, size_t n, int backup)
 {
   return c_entry("pause", failing_with<int>{-1}, [&] {
+    std::lock_guard backup_lock(state().backup_mutex());
     const std::span<const tag_id> asked(tags, n);
     require_every_tag_somewhere(asked, [](const device_stack& s, tag_id t) { return s.holds_tag(t); }, "was never used");
     state().for_each_built([&](device_stack& stack) {
@@ -440,6 +441,7 @@ int strata_pause(const unsigned* tags, size_t n, int backup)
 int strata_resume(const unsigned* tags, size_t n)
 {
   return c_entry("resume", failing_with<int>{-1}, [&] {
+    std::lock_guard backup_lock(state().backup_mutex());
     const std::span<const tag_id> asked(tags, n);
     require_every_tag_somewhere(asked, [](const device_stack& s, tag_id t) { return s.tag_paused(t); }, "is not paused");
     state().for_each_built([&](device_stack& stack) {
@@ -467,6 +469,7 @@ int strata_tag_figures_get(int device, unsigned tag, strata_tag_figures* out)
 int strata_reserve_backup(int device, size_t bytes)
 {
   return c_entry("reserve_backup", failing_with<int>{-1}, [&] {
+    std::lock_guard backup_lock(state().backup_mutex());
     device_slot& s = state().slot_for(device);
     slot_lock lock(s);
     device_scope on(s, device);
@@ -478,8 +481,28 @@ int strata_reserve_backup(int device, size_t bytes)
 size_t strata_release_backup(void)
 {
   std::size_t n = 0;  // what was unpinned, up to a failure
-  c_entry("release_backup", quietly, [&] { state().for_each_built([&](device_stack& stack) { n += stack.release_backup(); }); });
+  c_entry("release_backup", quietly, [&] {
+    std::lock_guard backup_lock(state().backup_mutex());
+    state().for_each_built([&](device_stack& stack) { n += stack.release_backup(); });
+  });
   return n;
+}
+
+int strata_set_backup_lender(void* ctx, strata_backup_take_fn take, strata_backup_give_fn give)
+{
+  return c_entry("set_backup_lender", failing_with<int>{-1}, [&] {
+    if (take == nullptr || give == nullptr)
+      throw refusal("a lender needs both take and give (strata_clear_backup_lender goes back to pinning their own)");
+    return state().set_backup_lender(backup_lender{ctx, take, give}) ? 1 : 0;
+  });
+}
+
+int strata_clear_backup_lender(void)
+{
+  return c_entry("clear_backup_lender", failing_with<int>{-1}, [] {
+    (void)state().set_backup_lender(backup_lender{});
+    return 0;
+  });
 }
 
 void* strata_cupy_malloc(void* /*param*/, size_t size, int device)

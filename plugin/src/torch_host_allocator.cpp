@@ -8,7 +8,17 @@
 // each noted stream, so the block comes back after everything those streams had been given by then. Blocks
 // allocated while a CUDA graph captures into a private pool (begin_allocate_to_pool) are kept for that pool
 // until release_pool: a graph replays its copies from the same host addresses.
+//
+// The pool also lends the device stacks' sleep/wake backup (strata_torch_lend_pinned; Note [One pinned
+// budget]): a pause takes its backup as a block of this pool and a resume gives it back at once, so pinned
+// tensors, offload buffers and paused tags share one set of pinned pages. The lent blocks count as in use
+// (host_memory_stats' active bytes and requests, strata_torch_pinned_figures' in_use) while a tag sleeps.
+// Lock order (Note [The plug-in's locks]): a pause or resume calls the lender under a device's lock, and the
+// lender takes this allocator's mutex inside it; so nothing done under the mutex calls into libstrata_alloc
+// (pinning, events and stream synchronizations are CUDA's own calls), and strata_torch_lend_pinned calls the
+// plug-in with the mutex released.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +39,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <strata/pinned/pin_lender.hpp>
 #include <strata/pinned/pinned_host_pool.hpp>
 #include <strata_alloc.h>
 
@@ -102,7 +113,7 @@ public:
     at::HostStats stats;
     if (!pool_) return stats;
     const auto s = pool_->stats();
-    stats.active_requests.current = static_cast<int64_t>(blocks_.size());
+    stats.active_requests.current = static_cast<int64_t>(blocks_.size() + lent_blocks_);
     stats.active_requests.peak = static_cast<int64_t>(peak_requests_);
     stats.active_requests.allocated = static_cast<int64_t>(requests_.allocated);
     stats.active_requests.freed = static_cast<int64_t>(requests_.freed);
@@ -130,7 +141,7 @@ public:
   void reset_peak_stats() override
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    peak_requests_ = blocks_.size();
+    peak_requests_ = blocks_.size() + lent_blocks_;
     peak_in_use_ = pool_ ? pool_->stats().in_use : 0;
   }
 
@@ -180,6 +191,36 @@ public:
     std::lock_guard<std::mutex> lock(mutex_);
     return blocks_.size();
   }
+
+  /// strata_set_backup_lender's take: a block of the pool, page-aligned, counted as a request in use until
+  /// given back; null when the pool cannot pin it (the pause then fails, nothing lost). Never throws.
+  static void* lend(void* self, std::size_t bytes) noexcept
+  {
+    auto& a = *static_cast<strata_host_allocator*>(self);
+    try {
+      std::lock_guard<std::mutex> lock(a.mutex_);
+      void* p = a.pool_on_first_use().allocate(bytes, strata::pin_lender::page_alignment);
+      ++a.lent_blocks_;
+      ++a.requests_.allocated;
+      a.peak_requests_ = std::max(a.peak_requests_, a.blocks_.size() + a.lent_blocks_);
+      return p;
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  /// strata_set_backup_lender's give: the block is free for the next pinned tensor at once (the backend
+  /// finished its copies before giving it back: no event to wait for).
+  static void take_back(void* self, void* p, std::size_t bytes) noexcept
+  {
+    auto& a = *static_cast<strata_host_allocator*>(self);
+    std::lock_guard<std::mutex> lock(a.mutex_);
+    a.peak_in_use_ = std::max(a.peak_in_use_, a.pool_->stats().in_use);
+    a.pool_->deallocate(p, bytes, strata::pin_lender::page_alignment);
+    --a.lent_blocks_;
+    ++a.requests_.freed;
+  }
+  /// Whether the device stacks borrow from this pool (strata_torch_lend_pinned).
+  std::atomic<bool> lending{false};
 
   at::HostAllocator* previous = nullptr;
   uint8_t priority = 0;
@@ -249,6 +290,7 @@ private:
   std::vector<c10::MempoolId_t> released_;
   std::vector<std::pair<void*, std::size_t>> unsure_;  // freed with a use no event covers: back after a device sync
   request_counts requests_;
+  std::size_t lent_blocks_ = 0;  // blocks the device stacks' backup borrows now
   std::size_t peak_requests_ = 0;
   std::size_t peak_in_use_ = 0;
 };
@@ -289,12 +331,17 @@ extern "C" STRATA_ALLOC_API int strata_torch_install_pinned(void)
   }
 }
 
-/// Gives PyTorch its own allocator back; refused (1) while strata's holds live blocks.
+/// Gives PyTorch its own allocator back; refused (1) while strata's holds live blocks or lends the device
+/// stacks' backup (strata_torch_lend_pinned(0) first).
 extern "C" STRATA_ALLOC_API int strata_torch_uninstall_pinned(void)
 {
   try {
     auto& strata_allocator = strata_host_allocator::instance();
     if (at::getHostAllocator(at::kCUDA) != &strata_allocator) return 0;
+    if (strata_allocator.lending.load()) {
+      last_error() = "strata's pinned pool lends the device stacks' sleep/wake backup: stop lending first";
+      return 1;
+    }
     if (const std::size_t live = strata_allocator.live_blocks(); live > 0) {
       last_error() = "strata's pinned pool holds " + std::to_string(live) + " live blocks";
       return 1;
@@ -306,6 +353,30 @@ extern "C" STRATA_ALLOC_API int strata_torch_uninstall_pinned(void)
     last_error() = e.what();
     return 1;
   }
+}
+
+/// on != 0: every device's page-mapped stack borrows its sleep/wake backup from strata's pinned pool, which must
+/// be installed (strata_torch_install_pinned); on == 0: they pin their own again. strata_set_backup_lender's
+/// answer: 1 lent, 0 nothing lent (the stacks cannot sleep), -1 refused (a device holds backup memory: resume
+/// the paused tags or strata_release_backup() first), the message in strata_torch_pinned_last_error. Called
+/// with the allocator's mutex released: the plug-in takes its backup and device locks, and under a device's
+/// lock the lender takes this mutex.
+extern "C" STRATA_ALLOC_API int strata_torch_lend_pinned(int on)
+{
+  auto& strata_allocator = strata_host_allocator::instance();
+  if (on != 0 && at::getHostAllocator(at::kCUDA) != &strata_allocator) {
+    last_error() = "strata's pinned-memory allocator is not installed (strata_torch_install_pinned first)";
+    return -1;
+  }
+  const int answer = on != 0
+                         ? strata_set_backup_lender(&strata_allocator, &strata_host_allocator::lend, &strata_host_allocator::take_back)
+                         : strata_clear_backup_lender();
+  if (answer < 0) {
+    last_error() = strata_last_error();
+    return -1;
+  }
+  strata_allocator.lending.store(on != 0 && answer == 1);
+  return answer;
 }
 
 /// Up to n figures of strata's pinned pool (the order of strata_host_allocator::figures); returns how many.

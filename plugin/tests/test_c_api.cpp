@@ -135,6 +135,65 @@ long long stat(int device, const std::string& key)
 
 bool mentions(const std::string& text) { return std::strstr(strata_last_error(), text.c_str()) != nullptr; }
 
+/// A pinned pool lending the sleep/wake backup (strata_set_backup_lender), as strata's PyTorch host allocator
+/// does: it counts what it lends and what comes back, keeps what is out readable, and refuses on demand.
+struct counting_lender {
+  int takes = 0;
+  int gives = 0;
+  bool refuse = false;
+  std::map<void*, std::size_t> out;  ///< lent now: address, bytes
+
+  static void* take(void* ctx, size_t bytes)
+  {
+    auto& l = *static_cast<counting_lender*>(ctx);
+    if (l.refuse) return nullptr;
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p == nullptr) return nullptr;
+    ++l.takes;
+    l.out.emplace(p, bytes);
+    return p;
+  }
+  static void give(void* ctx, void* p, size_t bytes)
+  {
+    auto& l = *static_cast<counting_lender*>(ctx);
+    const auto it = l.out.find(p);
+    if (it == l.out.end() || it->second != bytes) std::abort();  // never lent, or given back at another size
+    l.out.erase(it);
+    ++l.gives;
+    std::free(p);
+  }
+  int lend() { return strata_set_backup_lender(this, &take, &give); }
+  std::size_t bytes_out() const
+  {
+    std::size_t n = 0;
+    for (const auto& [p, bytes] : out) n += bytes;
+    return n;
+  }
+  /// The one block lent now (null unless exactly one is out).
+  unsigned char* lent_block() const { return out.size() == 1 ? static_cast<unsigned char*>(out.begin()->first) : nullptr; }
+};
+
+/// An allocation on `device` carrying `tag`.
+void* tagged_malloc(unsigned tag, std::size_t bytes, int device, cudaStream_t stream)
+{
+  strata_tag_begin(tag);
+  void* p = strata_malloc(bytes, device, stream);
+  strata_tag_end();
+  return p;
+}
+
+/// Fills `bytes` at p with a pattern that tells each byte's place apart.
+void stamp(unsigned char* p, std::size_t bytes, unsigned seed)
+{
+  for (std::size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>((i / 4096) * 31 + i + seed);
+}
+bool stamped(const unsigned char* p, std::size_t bytes, unsigned seed)
+{
+  for (std::size_t i = 0; i < bytes; ++i)
+    if (p[i] != static_cast<unsigned char>((i / 4096) * 31 + i + seed)) return false;
+  return true;
+}
+
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 } // namespace
@@ -1158,5 +1217,127 @@ TEST_CASE("C API: share_block exports only page-mapped device memory; other poin
           EXPECT(offset == 7 && fds[0] == -1);
           EXPECT(strata_share_block(&local, &offset, sizes, fds, 4) == 0);
           strata_free(p, 3 * MiB, 0, s);
+        }) == "");
+}
+
+TEST_CASE("C API: a pause borrows its backup from the lender, which a resume gets back at once; the stack pins none of its own")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=256MiB") == 0);
+          counting_lender lender;
+          EXPECT(lender.lend() == 1);  // before any stack is built: the stacks built later borrow
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* weights = tagged_malloc(3, 40 * MiB, 0, a);
+          EXPECT(weights != nullptr);
+          const unsigned trainer[] = {3};
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          EXPECT(lender.takes == 1 && lender.bytes_out() == 40 * MiB);  // the backup is the lender's memory
+          // The backup the lender holds goes back to the device at resume: a pattern written into it comes back
+          // in the next pause's backup, so the copies went through the lent memory both ways.
+          unsigned char* backup = lender.lent_block();
+          EXPECT(backup != nullptr);
+          if (backup != nullptr) stamp(backup, 40 * MiB, 7);
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(lender.gives == 1 && lender.out.empty());  // given back at once, not kept for the next pause
+          EXPECT(strata_release_backup() == 0);             // nothing pinned of the stack's own
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          EXPECT(lender.takes == 2 && lender.lent_block() != nullptr);
+          EXPECT(lender.lent_block() != nullptr && stamped(lender.lent_block(), 40 * MiB, 7));
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(lender.gives == 2 && lender.out.empty());
+          // Pinned ahead: taken from the lender too, and given back by release_backup.
+          EXPECT(strata_reserve_backup(0, 16 * MiB) == 0);
+          EXPECT(lender.takes == 3 && lender.bytes_out() == 16 * MiB);
+          EXPECT(strata_release_backup() == 16 * MiB);
+          EXPECT(lender.out.empty());
+          EXPECT(strata_clear_backup_lender() == 0);
+          strata_free(weights, 40 * MiB, 0, a);
+        }) == "");
+}
+
+TEST_CASE("C API: a lender that lends nothing fails the pause as out of memory, the tag awake and its contents intact")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=256MiB") == 0);
+          counting_lender lender;
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* weights = tagged_malloc(3, 40 * MiB, 0, a);
+          EXPECT(lender.lend() == 1);  // the stack is built: it borrows from here on
+          const unsigned trainer[] = {3};
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          if (unsigned char* backup = lender.lent_block()) stamp(backup, 40 * MiB, 9);
+          EXPECT(strata_resume(trainer, 1) == 0);  // the pattern is on the device
+          lender.refuse = true;
+          EXPECT(strata_pause(trainer, 1, 1) == -1);
+          EXPECT(mentions("out of memory") && mentions("lent nothing"));
+          strata_tag_figures awake{};
+          EXPECT(strata_tag_figures_get(0, 3, &awake) == 0);
+          EXPECT(awake.paused == 0 && awake.in_use == 40 * MiB && awake.physical >= 40 * MiB);
+          EXPECT(lender.out.empty() && strata_release_backup() == 0);
+          void* more = tagged_malloc(3, MiB, 0, a);  // the tag still serves allocations
+          EXPECT(more != nullptr);
+          strata_free(more, MiB, 0, a);
+          lender.refuse = false;
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          EXPECT(lender.lent_block() != nullptr && stamped(lender.lent_block(), 40 * MiB, 9));  // nothing lost
+          EXPECT(strata_resume(trainer, 1) == 0);
+          strata_free(weights, 40 * MiB, 0, a);
+        }) == "");
+}
+
+TEST_CASE("C API: the lender is not switched while backup memory is out; every device switches, built before or after")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_devices=2,sim_capacity=256MiB") == 0);
+          counting_lender first, second;
+          EXPECT(strata_set_backup_lender(&first, &counting_lender::take, nullptr) == -1);
+          EXPECT(mentions("both take and give"));
+          cudaStream_t on0 = strata_sim_stream_create(0);
+          void* weights = tagged_malloc(3, 40 * MiB, 0, on0);
+          EXPECT(first.lend() == 1);
+          const unsigned trainer[] = {3};
+          EXPECT(strata_pause(trainer, 1, 1) == 0);
+          EXPECT(first.bytes_out() == 40 * MiB);
+          // A paused tag's backup is the first lender's: switching to another lender or to the stack's own pins is refused.
+          EXPECT(second.lend() == -1);
+          EXPECT(mentions("device 0 holds 41943040 bytes") && mentions("strata_release_backup()"));
+          EXPECT(strata_clear_backup_lender() == -1);
+          EXPECT(mentions("resume"));
+          EXPECT(first.lend() == 1);  // the lender already set: nothing to switch
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(first.out.empty() && first.gives == 1);  // the refused switches left it lending
+          // Backup pinned ahead (the stack's own, without a lender) is out too.
+          EXPECT(strata_clear_backup_lender() == 0);
+          EXPECT(strata_reserve_backup(0, 8 * MiB) == 0);
+          EXPECT(first.takes == 1);  // pinned by the stack itself
+          EXPECT(second.lend() == -1);
+          EXPECT(mentions("strata_reserve_backup"));
+          EXPECT(strata_release_backup() == 8 * MiB);
+          EXPECT(second.lend() == 1);
+          // Device 1's stack is built after the lender was set: its pause borrows from it as well.
+          cudaStream_t on1 = strata_sim_stream_create(1);
+          void* cache = tagged_malloc(5, 24 * MiB, 1, on1);
+          const unsigned both[] = {3, 5};
+          EXPECT(strata_pause(both, 2, 1) == 0);
+          EXPECT(second.takes == 2 && second.bytes_out() == 64 * MiB && first.out.empty());
+          EXPECT(strata_resume(both, 2) == 0);
+          EXPECT(second.out.empty() && second.gives == 2);
+          EXPECT(strata_clear_backup_lender() == 0);
+          EXPECT(strata_pause(trainer, 1, 1) == 0);  // pins its own again: the lenders see nothing
+          EXPECT(first.takes == 1 && second.takes == 2);
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(strata_release_backup() == 40 * MiB);
+          strata_free(weights, 40 * MiB, 0, on0);
+          strata_free(cache, 24 * MiB, 1, on1);
+        }) == "");
+}
+
+TEST_CASE("C API: a stack that cannot sleep borrows nothing, and setting a lender for it is no error")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=coalescing") == 0);
+          counting_lender lender;
+          EXPECT(lender.lend() == 0);
+          EXPECT(strata_clear_backup_lender() == 0);
         }) == "");
 }

@@ -27,7 +27,7 @@ from . import _library, _stats
 from ._library import ConfigError, library_path
 from ._stats import format_bytes
 from . import pinned as pinned_module
-from .pinned import disable_pinned, empty_pinned, enable_pinned, pinned_stats
+from .pinned import disable_pinned, empty_pinned, enable_pinned, lend_pinned, pinned_stats
 from .sleep import current_tag, pause, release_backup, reserve_backup, resume, tag, tag_id, tag_stats
 
 __all__ = ["enable", "is_enabled", "backend", "MemPool", "memory_stats", "memory_summary", "reset_peak_memory_stats",
@@ -35,7 +35,7 @@ __all__ = ["enable", "is_enabled", "backend", "MemPool", "memory_stats", "memory
            "oom_raises_torch_error",
            "ConfigError", "format_bytes", "peak_ratio",
            "tag", "tag_id", "current_tag", "pause", "resume", "reserve_backup", "release_backup", "tag_stats",
-           "enable_pinned", "disable_pinned", "empty_pinned", "pinned_stats"]
+           "enable_pinned", "disable_pinned", "empty_pinned", "pinned_stats", "lend_pinned"]
 
 DEFAULT_CONF = "stack=default"
 BACKENDS = ("strata", "pluggable")
@@ -192,11 +192,21 @@ def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None, pinned=None):
     builds the backend cannot be built against: torch.cuda's statistics raise under it); None:
     STRATA_TORCH_BACKEND, else "strata" where the hooks library offers it, else "pluggable". backend() says
     which one is in use. Returns a StrataBackend, or the CUDAPluggableAllocator.
-    pinned: True also makes strata's pinned pool PyTorch's pinned-memory allocator (enable_pinned), first;
-    None: STRATA_TORCH_PINNED=1 in the environment means True.
+    pinned: True also makes strata's pinned pool PyTorch's pinned-memory allocator (enable_pinned), first, and,
+    once the allocator is in place, lends that pool to sleep/wake's backup (lend_pinned), so a process that
+    pauses tags and pins tensors pins once; None: STRATA_TORCH_PINNED=1 in the environment means True.
+    disable_pinned() undoes both.
     """
+    installed = pinned_module.enable_pinned_from_env(pinned)
+    allocator = _enable_allocator(conf, require_hooks, backend)
+    if installed:
+        pinned_module.lend_pinned()
+    return allocator
+
+
+def _enable_allocator(conf, require_hooks, backend):
+    """enable() less the pinned pool: strata as the process's CUDA allocator."""
     global _enabled_conf
-    pinned_module.enable_pinned_from_env(pinned)
     if require_hooks is None:
         require_hooks = os.environ.get("STRATA_TORCH_REQUIRE_HOOKS", "1") != "0"
     backend = _chosen_backend(backend)
@@ -229,7 +239,7 @@ def enable(conf=DEFAULT_CONF, require_hooks=None, backend=None, pinned=None):
         torch_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF"))
         if torch_conf:
             for note in _library.load().apply_torch_conf(torch_conf):
-                warnings.warn(f"strata: {note}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"strata: {note}", RuntimeWarning, stacklevel=3)
         allocator = _pluggable_allocator(process_wide=True)
         # The hooks library is loaded even where Python could set the hooks itself: it alone can make the
         # plug-in's out-of-memory a torch.OutOfMemoryError (PyTorch turns any other C++ exception into a
@@ -264,7 +274,7 @@ def _hooks_library_wire(required, hooks_set_from_python=False):
     if problem is not None and hooks_set_from_python:
         warnings.warn(f"strata_torch: {problem}; out of memory under strata will then raise RuntimeError, not "
                       "torch.OutOfMemoryError. Build it where PyTorch is installed (CMAKE_PREFIX_PATH="
-                      "torch.utils.cmake_prefix_path, see docs/pytorch.md)", RuntimeWarning, stacklevel=3)
+                      "torch.utils.cmake_prefix_path, see docs/pytorch.md)", RuntimeWarning, stacklevel=4)
         return None
     if problem is not None:
         message = (f"strata_torch: this PyTorch does not let Python set the allocator's hooks, and {problem}. "
@@ -273,7 +283,7 @@ def _hooks_library_wire(required, hooks_set_from_python=False):
         if required:
             raise RuntimeError(message + "; enable(conf, require_hooks=False) or STRATA_TORCH_REQUIRE_HOOKS=0 "
                                "accepts that")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
         return None
     wire.restype, wire.argtypes = ctypes.c_int, []
     _hooks_library.append(hooks_lib)   # kept loaded: PyTorch will hold pointers into it

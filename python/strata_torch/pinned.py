@@ -9,6 +9,10 @@
 It is installed in PyTorch's host-allocator registry for CUDA (libstrata_torch_hooks.so, built against this
 PyTorch), so whatever PyTorch routes through that registry reaches it: docs/pytorch.md, "Pinned host memory",
 says which calls do and what the ones that do not need. Install it before the first pinned allocation.
+
+Under enable(..., pinned=True) the pool also lends sleep/wake's backup: a pause (strata_torch.pause) copies
+the tags' tensors into blocks of this pool and a resume gives them back at once, so pinned tensors and paused
+tags share one set of pinned pages (docs/sleep_wake.md, "One pinned budget").
 """
 
 import ctypes
@@ -21,6 +25,7 @@ _FIGURES = ("pinned", "peak_pinned", "in_use", "requested", "waiting", "blocks",
 
 _lock = threading.Lock()
 _functions = {}
+_lending = [False]   # lend_pinned() made the device stacks borrow the backup from the pool
 
 
 def _function(name, restype, argtypes):
@@ -49,19 +54,47 @@ def enable_pinned():
         raise RuntimeError(f"strata_torch.enable_pinned: {_last_error()}")
 
 
+def lend_pinned():
+    """Every device's page-mapped stack borrows its sleep/wake backup from strata's pinned pool (installed
+    first): True, or False where the stacks cannot sleep (stack=coalescing: nothing to lend). RuntimeError
+    while a device holds backup memory of its own (a tag paused, or reserve_backup): resume or release_backup()
+    first."""
+    answer = _function("strata_torch_lend_pinned", ctypes.c_int, [ctypes.c_int])(1)
+    if answer < 0:
+        raise RuntimeError(f"strata_torch: lending the pinned pool to sleep/wake: {_last_error()}")
+    with _lock:
+        _lending[0] = answer == 1
+    return answer == 1
+
+
+def _stop_lending():
+    """The stacks pin their own backup again. RuntimeError while a paused tag's backup is the pool's."""
+    if _function("strata_torch_lend_pinned", ctypes.c_int, [ctypes.c_int])(0) < 0:
+        raise RuntimeError(f"strata_torch.disable_pinned: {_last_error()}; resume the paused tags first")
+    with _lock:
+        _lending[0] = False
+
+
 def disable_pinned():
-    """Give PyTorch its own pinned-memory allocator back (after unpinning strata's idle memory). RuntimeError
-    while tensors still hold strata's pinned blocks."""
+    """Give PyTorch its own pinned-memory allocator back (after unpinning strata's idle memory). Where the pool
+    lends sleep/wake's backup, first the backup no paused tag holds goes back to it, then the lending stops.
+    RuntimeError while tensors still hold strata's pinned blocks, or a paused tag's backup does."""
+    if _lending[0]:
+        from . import sleep
+        sleep.release_backup()
+        _stop_lending()
     if _function("strata_torch_uninstall_pinned", ctypes.c_int, [])() != 0:
         raise RuntimeError(f"strata_torch.disable_pinned: {_last_error()}")
 
 
 def enable_pinned_from_env(pinned=None):
-    """enable()'s `pinned` argument: True installs, False does not, None follows STRATA_TORCH_PINNED=1."""
+    """enable()'s `pinned` argument: True installs, False does not, None follows STRATA_TORCH_PINNED=1.
+    Returns whether it installed."""
     if pinned is None:
         pinned = os.environ.get(ENV_PINNED, "0") == "1"
     if pinned:
         enable_pinned()
+    return bool(pinned)
 
 
 def pinned_stats():

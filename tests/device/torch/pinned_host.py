@@ -12,6 +12,9 @@ strata_torch.enable_pinned() ("strata"):
             torch._C._host_emptyCache(), a CUDA graph capturing a copy from pinned memory;
   offload   a training loop keeping its fp32 master weights and gradients in pinned memory (non_blocking copies
             on a side stream): the losses must be equal under both allocators.
+  budget    strata only, under enable(pinned=True): a tag paused and resumed ten times while pinned tensors come
+            and go; the backup is a block of the pinned pool while the tag sleeps, the pool gets it back at the
+            resume, and after the first cycle nothing more is pinned (sleep/wake and the pool share one budget).
 Prints PASS/FAIL per check and "ALL PASSED" when every check passed; exits 1 otherwise.
 """
 
@@ -35,11 +38,16 @@ def pattern(name, scale):
     return [int(2.0 ** (12.0 + 19.0 * math.fmod(i * 0.6180339887498949, 1.0))) for i in range(round(256 * scale))]
 
 
-def host_held(stats):
-    for key in ("allocated_bytes.current", "allocated_bytes.all.current"):
+def host_stat(stats, name):
+    """`name`.current from torch.cuda.host_memory_stats(), under either spelling PyTorch uses."""
+    for key in (f"{name}.current", f"{name}.all.current"):
         if key in stats:
             return stats[key]
-    raise KeyError(f"no allocated_bytes key in torch.cuda.host_memory_stats(): {sorted(stats)}")
+    raise KeyError(f"no {name} key in torch.cuda.host_memory_stats(): {sorted(stats)}")
+
+
+def host_held(stats):
+    return host_stat(stats, "allocated_bytes")
 
 
 def child_patterns(mode, scale):
@@ -154,6 +162,59 @@ def child_offload(mode):
     return {"losses": losses, "seconds": time.perf_counter() - t0}
 
 
+def child_budget():
+    """Checks that fail where the backup is pinned apart from the pool: while the tag sleeps the pool's in-use
+    bytes hold the backup; after a resume no backup memory is kept outside the pool (release_backup() finds
+    none); the pinned tensors of every cycle fit in the pages the backup used, so the pool's pins stop growing
+    after the first cycle and it holds about one backup's worth, not the backup plus the tensors."""
+    import torch
+    import strata_torch
+    strata_torch.enable("stack=default", pinned=True)
+    stats = strata_torch.pinned_stats
+    backup = 64 * MiB
+    with strata_torch.tag("trainer"):
+        weights = torch.full((backup // 4,), 1.5, device="cuda")
+    torch.cuda.synchronize()
+    checks = {}
+    ok_asleep = ok_host = ok_back = ok_kept = ok_values = True
+    pins_after_first = pinned_after_first = None
+    for cycle in range(10):
+        strata_torch.pause("trainer")
+        ok_asleep &= stats().get("in_use", 0) >= backup
+        ok_host &= host_stat(torch.cuda.host_memory_stats(), "active_bytes") >= backup
+        during = torch.empty(MiB, dtype=torch.uint8, pin_memory=True)  # the pool serves tensors while the tag sleeps
+        del during
+        strata_torch.resume("trainer")
+        ok_back &= stats().get("in_use", 0) == 0
+        ok_kept &= strata_torch.release_backup() == 0
+        # Offload buffers between cycles: carved from the pages the backup just gave back, freed before the
+        # next pause, which finds them merged again.
+        staged = [torch.empty(16 * MiB, dtype=torch.uint8, pin_memory=True) for _ in range(3)]
+        for buffer in staged:
+            buffer.fill_(cycle)
+        del staged, buffer
+        weights.add_(1.0)
+        torch.cuda.synchronize()
+        ok_values &= bool((weights == 2.5 + cycle).all().item())
+        if cycle == 0:
+            pins_after_first, pinned_after_first = stats()["pins"], stats()["pinned"]
+    checks["while a tag sleeps its backup is a block of the pinned pool (pinned_stats in_use)"] = ok_asleep
+    checks["torch.cuda.host_memory_stats() counts the lent backup as active while the tag sleeps"] = ok_host
+    checks["a resume gives the backup back to the pool at once"] = ok_back
+    checks["no backup memory is kept pinned outside the pool (release_backup() finds none)"] = ok_kept
+    checks["the tag's contents survive every cycle"] = ok_values
+    checks["nothing is pinned after the first cycle"] = stats()["pins"] == pins_after_first
+    checks["the pool holds one backup's worth (+2 MiB), not the backup and the tensors apart"] = (
+        pinned_after_first <= backup + 2 * MiB and stats()["pinned"] == pinned_after_first)
+    del weights
+    try:
+        strata_torch.disable_pinned()
+        checks["disable_pinned stops the lending, then uninstalls"] = True
+    except RuntimeError as e:
+        checks[f"disable_pinned stops the lending, then uninstalls ({e})"] = False
+    return {"checks": checks, "stats": stats()}
+
+
 def run_child(*args):
     out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
     if out.returncode != 0:
@@ -169,6 +230,8 @@ def main():
             print(json.dumps(child_patterns(mode, float(args[3]))))
         elif kind == "routes":
             print(json.dumps(child_routes(mode)))
+        elif kind == "budget":
+            print(json.dumps(child_budget()))
         else:
             print(json.dumps(child_offload(mode)))
         return 0
@@ -196,13 +259,14 @@ def main():
         check(f"strata held / requested <= 1.02 on {name}", s["held"] / s["requested"] <= 1.02,
               f"{s['held'] / s['requested']:.4f} (PyTorch {t['held'] / t['requested']:.3f})")
         check(f"host_memory_stats equals strata's own figure on {name}", s["held"] == s.get("strata_pinned"))
-    routes = run_child("routes", "strata")
-    report["routes"] = routes
-    if "error" in routes:
-        check("routes ran", False, routes["error"])
-    else:
-        for name, ok in routes["checks"].items():
-            check(name, ok)
+    for part in ("routes", "budget"):
+        result = run_child(part, "strata")
+        report[part] = result
+        if "error" in result:
+            check(f"{part} ran", False, result["error"])
+        else:
+            for name, ok in result["checks"].items():
+                check(name, ok)
     offload = {mode: run_child("offload", mode) for mode in ("torch", "strata")}
     report["offload"] = offload
     if any("error" in o for o in offload.values()):
