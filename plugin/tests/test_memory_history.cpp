@@ -83,14 +83,22 @@ TEST_CASE("snapshot: strata's JSON is read back exactly; anything else names whe
 {
   snapshot s;
   s.box = "mapped_pool \"x\"";
-  s.segments.push_back({0x100000, 8192, {{0, 4096, false, 3}, {4096, 4096, true, -1}}});
-  s.segments.push_back({0x900000, 2048, {{0, 2048, true, -1}}});
+  s.segments.push_back({0x100000, 8192, {{0, 4096, false, 3}, {4096, 4096, true, -1}}, {{0, 4096}, {4096, 4096}}});
+  s.segments.push_back({0x900000, 2048, {{0, 2048, true, -1}}, {}});
   const snapshot back = parse_snapshot_json(to_json(s));
   CHECK(back.box == s.box);
   REQUIRE(back.segments.size() == 2);
   CHECK(back.segments[0].address == 0x100000);
+  CHECK(back.segments[1].address == 0x900000);
+  CHECK(back.segments[0].size == 8192);
+  CHECK(back.segments[1].size == 2048);
   CHECK(back.segments[0].blocks == s.segments[0].blocks);
   CHECK(back.segments[1].blocks == s.segments[1].blocks);
+  CHECK(back.segments[0].mapped == s.segments[0].mapped);
+  CHECK(back.segments[1].mapped.empty());
+  // The listing and its JSON say the same memory is held.
+  CHECK(held_memory_of(back) == held_memory_of(s));
+  CHECK(parse_held_memory(to_json(s)) == held_memory{.segments = {{0x900000, 2048}}, .mapped = {{0x100000, 4096}, {0x101000, 4096}}});
   CHECK(parse_snapshot_json("{\"box\":\"\",\"segments\":[]}").segments.empty());
   CHECK_THROWS_WITH_AS(parse_snapshot_json("{\"box\":\"\",\"segments\":[{\"address\":x}]}"), doctest::Contains("offset"),
                        std::invalid_argument);
