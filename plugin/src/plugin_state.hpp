@@ -38,7 +38,12 @@ namespace strata::plugin {
 // time: calls that work on every device take each in turn. A caller may hold a device's lock across several
 // entry points (strata_device_lock, which strata's PyTorch backend takes for its own books): those do not
 // lock it again (slot_lock), and a stack first built inside such a section takes the configuration's lock
-// then, which the order allows; the calls that take the backup's lock are not made inside one. A slot is
+// then, which the order allows; the calls that take the backup's lock are not made inside one. The one
+// exception to the order: a simulated device's lock is the world's, so a section on a built simulated device
+// already holds the world's lock, and building another simulated stack (slot_for takes the configuration's
+// lock, then the world's) or calling strata_sim_* (world()) inside it would take the world's lock a second
+// time and deadlock. Such a section therefore makes no call for another device and no strata_sim_* call, as
+// strata_device_lock's contract in strata_alloc.h already asks of every section. A slot is
 // published (device_slot::built, release) once its stack is built and never changes its stack afterwards, so
 // a built slot is found without a lock.
 //
