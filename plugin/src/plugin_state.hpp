@@ -83,9 +83,9 @@ struct device_slot {
   bool section_world = false;  ///< the holder took the simulated world's lock too
 
   /// Allocates with the lock held. Out of memory: idle memory is released and the request retried once
-  /// (`retry`, release_on_oom; not while a pool is being allocated to); failing that, num_ooms counts it and the
-  /// exception (std::bad_alloc) goes to the caller. O(the stack's allocation), a host wait to retry.
-  void* allocate(std::size_t size, cudaStream_t stream, bool retry);
+  /// (release_on_oom, read only then; not while a pool is being allocated to); failing that, num_ooms counts it
+  /// and the exception (std::bad_alloc) goes to the caller. O(the stack's allocation), a host wait to retry.
+  void* allocate(std::size_t size, cudaStream_t stream);
   /// Frees with the lock held, counting it. O(the stack's free).
   void free(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
   /// The device's figures from one read of the stack (or the read given); the lock held. O(1).

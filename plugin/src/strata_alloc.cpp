@@ -25,8 +25,8 @@ constexpr int max_devices = plugin_state::max_devices;
 
 plugin_state& state() { return plugin_state::get(); }
 
-/// strata_malloc_or_throw's policy: out of memory through the installed handler.
-raising_oom_t raising_oom() noexcept { return raising_oom_t{state().oom_handler()}; }
+/// strata_malloc_or_throw's policy: out of memory through the handler installed when it happens.
+constexpr raising_oom_t raising_oom{[]() noexcept { return state().oom_handler(); }};
 
 std::uint64_t pool_key(std::pair<unsigned long long, unsigned long long> id) noexcept
 {
@@ -50,7 +50,7 @@ void* allocate(std::size_t size, int device, cudaStream_t stream)
   device_slot& s = state().slot_for(device);
   slot_lock lock(s);
   device_scope on(s, device);
-  void* p = s.allocate(size, stream, state().release_on_oom());
+  void* p = s.allocate(size, stream);
   s.stats.note_reserved(s.stack->usage().reserved);
   return p;
 }
@@ -120,7 +120,7 @@ void strata_report_error(const char* message) { set_error("", message != nullptr
 
 void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream)
 {
-  return c_entry("malloc", raising_oom(), [&] { return allocate(size, device, stream); });
+  return c_entry("malloc", raising_oom, [&] { return allocate(size, device, stream); });
 }
 
 void strata_free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -356,7 +356,7 @@ void strata_device_unlock(int device)
 
 void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out)
 {
-  return c_entry("malloc", raising_oom(), [&]() -> void* {
+  return c_entry("malloc", raising_oom, [&]() -> void* {
     if (size == 0) {
       if (out != nullptr) (void)strata_device_figures_get(device, out);
       return nullptr;
@@ -365,7 +365,7 @@ void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stre
     slot_lock lock(s);
     device_scope on(s, device);
     try {
-      void* p = s.allocate(size, stream, state().release_on_oom());
+      void* p = s.allocate(size, stream);
       if (out == nullptr) {
         s.stats.note_reserved(s.stack->usage().reserved);
         return p;
@@ -514,7 +514,7 @@ void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
     device_scope on(s, device);
     const cudaStream_t stream = cupy_stream;
     s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
-    void* p = s.allocate(size, stream, state().release_on_oom());
+    void* p = s.allocate(size, stream);
     s.stats.note_reserved(s.stack->usage().reserved);
     s.cupy.emplace(p, cupy_block{size, stream});
     return p;
