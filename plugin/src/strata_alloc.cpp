@@ -114,7 +114,10 @@ void* strata_malloc(size_t size, int device, cudaStream_t stream)
   return c_entry("malloc", failing_with<void*>{nullptr}, [&] { return allocate(size, device, stream); });
 }
 
-void strata_set_oom_handler(void (*handler)(const char* message)) { state().set_oom_handler(handler); }
+void strata_set_oom_handler(void (*handler)(const char* message))
+{
+  c_entry("set_oom_handler", quietly, [&] { state().set_oom_handler(handler); });
+}
 
 void strata_report_error(const char* message) { set_error("", message != nullptr ? message : ""); }
 
@@ -137,8 +140,10 @@ void strata_init(int /*device_count*/)
 
 void strata_reset(void)
 {
-  for (int d = 0; d < max_devices; ++d)
-    if (state().built_slot(d) != nullptr) (void)strata_reset_device(d);
+  c_entry("reset", quietly, [] {
+    for (int d = 0; d < max_devices; ++d)
+      if (state().built_slot(d) != nullptr) (void)strata_reset_device(d);
+  });
 }
 
 int strata_reset_device(int device)
@@ -287,10 +292,12 @@ size_t strata_memory_stats_json(int device, char* buf, size_t len)
 
 void strata_reset_peak_stats(int device)
 {
-  device_slot* s = state().built_slot(device);
-  if (s == nullptr) return;
-  slot_lock lock(*s);
-  s->stats.reset_peaks(s->stack->usage().reserved);
+  c_entry("reset_peak_stats", quietly, [&] {
+    device_slot* s = state().built_slot(device);
+    if (s == nullptr) return;
+    slot_lock lock(*s);
+    s->stats.reset_peaks(s->stack->usage().reserved);
+  });
 }
 
 size_t strata_snapshot_json(int device, char* buf, size_t len)
@@ -305,12 +312,14 @@ size_t strata_snapshot_json(int device, char* buf, size_t len)
 
 int strata_record_flush(void)
 {
-  int failed = 0;
-  state().flush_traces([&](int d) {
-    set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
-    failed = 1;
+  return c_entry("record_flush", failing_with<int>{1}, [] {
+    int failed = 0;
+    state().flush_traces([&](int d) {
+      set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
+      failed = 1;
+    });
+    return failed;
   });
-  return failed;
 }
 
 int strata_device_figures_get(int device, strata_device_figures* out)
