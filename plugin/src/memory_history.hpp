@@ -122,6 +122,12 @@ private:
 // so that every SEGMENT_UNMAP names exactly a range an earlier SEGMENT_MAP named. strata's listing gives those
 // as the segment's "mapped" ranges; a page-mapped listing without them reports nothing rather than the
 // reservation, which no tracker may register.
+//
+// The listing is read again only when a figure that moves with it moved (segment_figures_of): the bytes and
+// chunks held and the physical allocations made and released, for segments and new memory, and the mappings
+// made and unmapped, for what moves no other figure: a relocation maps idle memory at a new range (leaving the
+// old one mapped, stale, until tidied), tidying or moving back unmaps stale ranges, and a spare kept by a
+// reclaim is mapped again, all without memory taken or given back.
 
 /// One range of device memory: its address and size.
 using held_ranges = std::map<std::uintptr_t, std::size_t>;
