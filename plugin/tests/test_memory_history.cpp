@@ -319,6 +319,25 @@ TEST_CASE("segment_ledger: a page-mapped pool's reserved ranges are never report
   const snapshot grown{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}, .mapped = {}}}};
   CHECK(l.update(grown).empty());
   CHECK(l.known().empty());
+  // Pages mapped into the grown range, and a second band reserved: only the mapped range is reported.
+  const std::vector<mapped_range> first{{.offset = 0x200000, .size = 0x400000}};
+  const snapshot mapped{.box = "mapped_pool",
+                        .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}, .mapped = first},
+                                     {.address = 0x80000000, .size = 0x4000000, .blocks = {}, .mapped = {}}}};
+  using c = segment_ledger::change;
+  CHECK(l.update(mapped) == std::vector<c>{{trace_action::segment_map, 0x10200000, 0x400000}});
+  // Both ranges grow again, the mapping unchanged: nothing to report.
+  const snapshot regrown{.box = "mapped_pool",
+                         .segments = {{.address = 0x10000000, .size = 0x10000000, .blocks = {}, .mapped = first},
+                                      {.address = 0x80000000, .size = 0x8000000, .blocks = {}, .mapped = {}}}};
+  CHECK(l.update(regrown).empty());
+  CHECK(l.known().empty());
+  CHECK(l.known_mapped() == held_ranges{{0x10200000, 0x400000}});
+  // The box is what keeps them out: the same ranges in a chunked stack's listing are segments of their own.
+  snapshot chunked = regrown;
+  chunked.box = "coalescing_pool";
+  chunked.segments[0].mapped.clear();
+  CHECK(held_memory_of(chunked).segments == held_ranges{{0x10000000, 0x10000000}, {0x80000000, 0x8000000}});
 }
 
 TEST_CASE("segment_ledger: a relocation is a SEGMENT_MAP of its new range and tidying a SEGMENT_UNMAP of the stale one, "
