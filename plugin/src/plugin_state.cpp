@@ -98,11 +98,12 @@ strata_device_figures device_slot::figures(const stack_reading& r) const noexcep
 
 strata_device_figures device_slot::figures() const noexcept { return figures(stack->read()); }
 
-void device_slot::apply_fraction(double fraction) noexcept
+bool device_slot::apply_fraction(double fraction) noexcept
 {
   const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(device_memory));
   cap = std::min(wanted, pool_cap);
   stack->set_reserved_cap(cap);  // the fraction caps what strata holds, as limit= does
+  return wanted > pool_cap;
 }
 
 void device_slot::enter_section()

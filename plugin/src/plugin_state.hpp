@@ -92,8 +92,8 @@ struct device_slot {
   strata_device_figures figures() const noexcept;
   strata_device_figures figures(const stack_reading& r) const noexcept;
   /// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
-  /// follows it. The lock held (or the slot not yet published). O(1).
-  void apply_fraction(double fraction) noexcept;
+  /// follows it. Returns whether the limit capped it. The lock held (or the slot not yet published). O(1).
+  bool apply_fraction(double fraction) noexcept;
   /// strata_device_lock / strata_device_unlock: the section of the calling thread (nested calls count).
   void enter_section();
   bool leave_section() noexcept;  ///< false: the calling thread holds no section here

@@ -177,9 +177,7 @@ void strata_set_memory_fraction(double fraction, int device)
       throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
     device_slot& s = state().slot_for(device);
     slot_lock lock(s);
-    const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
-    s.apply_fraction(fraction);
-    if (wanted > s.pool_cap)  // applied, capped: a note, not a failure
+    if (s.apply_fraction(fraction))  // applied, capped: a note, not a failure
       set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
                                            std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
   });
