@@ -98,6 +98,8 @@ typedef struct strata_device_figures {
   unsigned long long alloc_retries;  /* allocations retried after releasing idle memory (memory_stats' num_alloc_retries) */
   unsigned long long ooms;           /* allocations refused as out of memory (memory_stats' num_ooms) */
   size_t releasable;                 /* idle bytes empty_cache would hand back (wholly free pages or chunks) */
+  unsigned long long page_maps;      /* physical allocations mapped into address ranges so far, relocations included (page-mapped stacks; 0 otherwise) */
+  unsigned long long page_unmaps;    /* mappings unmapped so far, stale ranges included (page-mapped stacks; 0 otherwise) */
 } strata_device_figures;
 /* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
 STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);

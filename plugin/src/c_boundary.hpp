@@ -53,7 +53,8 @@ inline constexpr quietly_t quietly{};
 struct raising_t {};
 inline constexpr raising_t raising{};
 struct raising_oom_t {
-  void (*handler)(const char* message);
+  using handler_fn = void (*)(const char* message);
+  handler_fn (*handler)() noexcept;  ///< the installed handler (or null), looked up only on out of memory
 };
 
 /// Runs `body` as one C entry point named `where` under `policy` (Note [The C boundary]). Costs what the body
@@ -79,7 +80,7 @@ auto c_entry(const char* where, Policy policy, Body&& body) noexcept(!std::is_sa
   } catch (const std::bad_alloc& e) {
     if constexpr (std::is_same_v<Policy, raising_oom_t>) {
       set_error(where, e.what());
-      if (policy.handler != nullptr) policy.handler(last_error.c_str());  // throws the framework's type
+      if (const auto handler = policy.handler(); handler != nullptr) handler(last_error.c_str());  // throws the framework's type
       throw;
     } else {
       return failed(e.what());

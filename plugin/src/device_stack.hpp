@@ -51,6 +51,8 @@ struct stack_reading {
   std::size_t held_blocks = 0;
   std::uint64_t page_creates = 0;   ///< physical allocations since built (zero without page mapping)
   std::uint64_t page_releases = 0;
+  std::uint64_t page_maps = 0;      ///< mappings made since built, relocations included (zero without page mapping)
+  std::uint64_t page_unmaps = 0;
   std::size_t releasable = 0;       ///< idle bytes release() would hand back (free pages, wholly free chunks)
 };
 
@@ -178,6 +180,8 @@ public:
       const page_counters& pages = inner().policy().page_calls();
       r.page_creates = pages.creates;
       r.page_releases = pages.releases;
+      r.page_maps = pages.maps;
+      r.page_unmaps = pages.unmaps;
     } else if constexpr (requires { inner().policy().upstream().snapshot_counts(); }) {
       // Chunks from a counting upstream (the coalescing stack's cudaMalloc calls): every chunk taken is a
       // driver allocation, every one given back a driver free.

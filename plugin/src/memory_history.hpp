@@ -122,6 +122,12 @@ private:
 // so that every SEGMENT_UNMAP names exactly a range an earlier SEGMENT_MAP named. strata's listing gives those
 // as the segment's "mapped" ranges; a page-mapped listing without them reports nothing rather than the
 // reservation, which no tracker may register.
+//
+// The listing is read again only when a figure that moves with it moved (segment_figures_of): the bytes and
+// chunks held and the physical allocations made and released, for segments and new memory, and the mappings
+// made and unmapped, for what moves no other figure: a relocation maps idle memory at a new range (leaving the
+// old one mapped, stale, until tidied), tidying or moving back unmaps stale ranges, and a spare kept by a
+// reclaim is mapped again, all without memory taken or given back.
 
 /// One range of device memory: its address and size.
 using held_ranges = std::map<std::uintptr_t, std::size_t>;
@@ -136,13 +142,16 @@ struct held_memory {
 /// The box a page-mapped pool's listing names (mapped_pool's snapshot): its segments are reserved ranges.
 inline constexpr std::string_view page_mapped_box = "mapped_pool";
 
-/// What strata's listing holds as allocations of their own: every segment, unless the listing is a
-/// page-mapped pool's (whose mapped ranges only the JSON listing carries: parse_held_memory). O(segments).
+/// The memory strata's listing says the stack holds (Note [Segments and mapped ranges]): a segment's mapped
+/// ranges where it lists them, else the segment itself, unless the listing is a page-mapped pool's. O(ranges).
 inline held_memory held_memory_of(const snapshot& listing)
 {
   held_memory h;
-  if (listing.box == page_mapped_box) return h;
-  for (const segment_info& seg : listing.segments) h.segments.emplace(seg.address, seg.size);
+  const bool page_mapped = listing.box == page_mapped_box;
+  for (const segment_info& seg : listing.segments) {
+    for (const mapped_range& m : seg.mapped) h.mapped.emplace(seg.address + m.offset, m.size);
+    if (seg.mapped.empty() && !page_mapped) h.segments.emplace(seg.address, seg.size);
+  }
   return h;
 }
 
@@ -369,30 +378,17 @@ inline snapshot parse_snapshot_json(std::string_view text)
       for (const nlohmann::json& b : s.at("blocks"))
         seg.blocks.push_back({.offset = b.at("offset").get<std::size_t>(), .size = b.at("size").get<std::size_t>(),
                               .free = b.at("free").get<bool>(), .stream = b.at("stream").get<long long>()});
+      if (const auto mapped = s.find("mapped"); mapped != s.end())
+        for (const nlohmann::json& m : *mapped)
+          seg.mapped.push_back({.offset = m.at("offset").get<std::size_t>(), .size = m.at("size").get<std::size_t>()});
       snap.segments.push_back(std::move(seg));
     }
     return snap;
   });
 }
 
-/// The memory strata's snapshot JSON says the stack holds (Note [Segments and mapped ranges]): a segment's
-/// "mapped" ranges ({"offset", "size"} from the segment's address) where it lists them, else the segment
-/// itself, unless the listing is a page-mapped pool's. Throws as parse_snapshot_json. O(length of the text).
-inline held_memory parse_held_memory(std::string_view text)
-{
-  return detail::read_snapshot_document(text, [](const nlohmann::json& doc) {
-    held_memory h;
-    const bool page_mapped = doc.at("box").get<std::string>() == page_mapped_box;
-    for (const nlohmann::json& s : doc.at("segments")) {
-      const auto address = s.at("address").get<std::uintptr_t>();
-      if (const auto mapped = s.find("mapped"); mapped != s.end()) {
-        for (const nlohmann::json& m : *mapped) h.mapped.emplace(address + m.at("offset").get<std::size_t>(), m.at("size").get<std::size_t>());
-      } else if (!page_mapped) {
-        h.segments.emplace(address, s.at("size").get<std::size_t>());
-      }
-    }
-    return h;
-  });
-}
+/// The memory strata's snapshot JSON says the stack holds: held_memory_of its listing. Throws as
+/// parse_snapshot_json. O(length of the text).
+inline held_memory parse_held_memory(std::string_view text) { return held_memory_of(parse_snapshot_json(text)); }
 
 } // namespace strata::plugin

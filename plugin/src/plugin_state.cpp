@@ -45,7 +45,7 @@ bool sleeps(stack_kind k) noexcept { return k == stack_kind::default_pool || k =
 
 } // namespace
 
-void* device_slot::allocate(std::size_t size, cudaStream_t stream, bool retry)
+void* device_slot::allocate(std::size_t size, cudaStream_t stream)
 {
   // Held blocks are given back only outside captures: querying an event during a global-mode capture is
   // illegal (PyTorch's caching allocator skips its event processing then too).
@@ -61,7 +61,7 @@ void* device_slot::allocate(std::size_t size, cudaStream_t stream, bool retry)
     // Releasing waits for the device (held blocks' events, then the device), which a capture forbids and may
     // break: while a pool is being allocated to, a capture may be under way, and the request stays refused,
     // as PyTorch's allocator frees nothing that needs a wait while its pools are being allocated to.
-    if (!retry || routes > 0) {
+    if (routes > 0 || !plugin_state::get().release_on_oom()) {
       ++stats.num_ooms;
       throw;
     }
@@ -98,11 +98,12 @@ strata_device_figures device_slot::figures(const stack_reading& r) const noexcep
 
 strata_device_figures device_slot::figures() const noexcept { return figures(stack->read()); }
 
-void device_slot::apply_fraction(double fraction) noexcept
+bool device_slot::apply_fraction(double fraction) noexcept
 {
   const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(device_memory));
   cap = std::min(wanted, pool_cap);
   stack->set_reserved_cap(cap);  // the fraction caps what strata holds, as limit= does
+  return wanted > pool_cap;
 }
 
 void device_slot::enter_section()

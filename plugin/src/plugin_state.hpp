@@ -38,7 +38,12 @@ namespace strata::plugin {
 // time: calls that work on every device take each in turn. A caller may hold a device's lock across several
 // entry points (strata_device_lock, which strata's PyTorch backend takes for its own books): those do not
 // lock it again (slot_lock), and a stack first built inside such a section takes the configuration's lock
-// then, which the order allows; the calls that take the backup's lock are not made inside one. A slot is
+// then, which the order allows; the calls that take the backup's lock are not made inside one. The one
+// exception to the order: a simulated device's lock is the world's, so a section on a built simulated device
+// already holds the world's lock, and building another simulated stack (slot_for takes the configuration's
+// lock, then the world's) or calling strata_sim_* (world()) inside it would take the world's lock a second
+// time and deadlock. Such a section therefore makes no call for another device and no strata_sim_* call, as
+// strata_device_lock's contract in strata_alloc.h already asks of every section. A slot is
 // published (device_slot::built, release) once its stack is built and never changes its stack afterwards, so
 // a built slot is found without a lock.
 //
@@ -78,17 +83,17 @@ struct device_slot {
   bool section_world = false;  ///< the holder took the simulated world's lock too
 
   /// Allocates with the lock held. Out of memory: idle memory is released and the request retried once
-  /// (`retry`, release_on_oom; not while a pool is being allocated to); failing that, num_ooms counts it and the
-  /// exception (std::bad_alloc) goes to the caller. O(the stack's allocation), a host wait to retry.
-  void* allocate(std::size_t size, cudaStream_t stream, bool retry);
+  /// (release_on_oom, read only then; not while a pool is being allocated to); failing that, num_ooms counts it
+  /// and the exception (std::bad_alloc) goes to the caller. O(the stack's allocation), a host wait to retry.
+  void* allocate(std::size_t size, cudaStream_t stream);
   /// Frees with the lock held, counting it. O(the stack's free).
   void free(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
   /// The device's figures from one read of the stack (or the read given); the lock held. O(1).
   strata_device_figures figures() const noexcept;
   strata_device_figures figures(const stack_reading& r) const noexcept;
   /// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
-  /// follows it. The lock held (or the slot not yet published). O(1).
-  void apply_fraction(double fraction) noexcept;
+  /// follows it. Returns whether the limit capped it. The lock held (or the slot not yet published). O(1).
+  bool apply_fraction(double fraction) noexcept;
   /// strata_device_lock / strata_device_unlock: the section of the calling thread (nested calls count).
   void enter_section();
   bool leave_section() noexcept;  ///< false: the calling thread holds no section here

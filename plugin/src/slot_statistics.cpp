@@ -63,7 +63,9 @@ strata_device_figures device_figures_of(const stack_reading& r, const slot_stati
           .device_frees = r.page_releases,
           .alloc_retries = counts.num_alloc_retries,
           .ooms = counts.num_ooms,
-          .releasable = r.releasable};
+          .releasable = r.releasable,
+          .page_maps = r.page_maps,
+          .page_unmaps = r.page_unmaps};
 }
 
 } // namespace strata::plugin

@@ -25,8 +25,8 @@ constexpr int max_devices = plugin_state::max_devices;
 
 plugin_state& state() { return plugin_state::get(); }
 
-/// strata_malloc_or_throw's policy: out of memory through the installed handler.
-raising_oom_t raising_oom() noexcept { return raising_oom_t{state().oom_handler()}; }
+/// strata_malloc_or_throw's policy: out of memory through the handler installed when it happens.
+constexpr raising_oom_t raising_oom{[]() noexcept { return state().oom_handler(); }};
 
 std::uint64_t pool_key(std::pair<unsigned long long, unsigned long long> id) noexcept
 {
@@ -50,7 +50,7 @@ void* allocate(std::size_t size, int device, cudaStream_t stream)
   device_slot& s = state().slot_for(device);
   slot_lock lock(s);
   device_scope on(s, device);
-  void* p = s.allocate(size, stream, state().release_on_oom());
+  void* p = s.allocate(size, stream);
   s.stats.note_reserved(s.stack->usage().reserved);
   return p;
 }
@@ -114,13 +114,16 @@ void* strata_malloc(size_t size, int device, cudaStream_t stream)
   return c_entry("malloc", failing_with<void*>{nullptr}, [&] { return allocate(size, device, stream); });
 }
 
-void strata_set_oom_handler(void (*handler)(const char* message)) { state().set_oom_handler(handler); }
+void strata_set_oom_handler(void (*handler)(const char* message))
+{
+  c_entry("set_oom_handler", quietly, [&] { state().set_oom_handler(handler); });
+}
 
 void strata_report_error(const char* message) { set_error("", message != nullptr ? message : ""); }
 
 void* strata_malloc_or_throw(size_t size, int device, cudaStream_t stream)
 {
-  return c_entry("malloc", raising_oom(), [&] { return allocate(size, device, stream); });
+  return c_entry("malloc", raising_oom, [&] { return allocate(size, device, stream); });
 }
 
 void strata_free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -137,8 +140,10 @@ void strata_init(int /*device_count*/)
 
 void strata_reset(void)
 {
-  for (int d = 0; d < max_devices; ++d)
-    if (state().built_slot(d) != nullptr) (void)strata_reset_device(d);
+  c_entry("reset", quietly, [] {
+    for (int d = 0; d < max_devices; ++d)
+      if (state().built_slot(d) != nullptr) (void)strata_reset_device(d);
+  });
 }
 
 int strata_reset_device(int device)
@@ -172,9 +177,7 @@ void strata_set_memory_fraction(double fraction, int device)
       throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
     device_slot& s = state().slot_for(device);
     slot_lock lock(s);
-    const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(s.device_memory));
-    s.apply_fraction(fraction);
-    if (wanted > s.pool_cap)  // applied, capped: a note, not a failure
+    if (s.apply_fraction(fraction))  // applied, capped: a note, not a failure
       set_error("set_memory_fraction", "fraction " + std::to_string(fraction) + " is above the configured limit of " +
                                            std::to_string(s.pool_cap) + " bytes, which the stack was built with: capped there");
   });
@@ -287,10 +290,12 @@ size_t strata_memory_stats_json(int device, char* buf, size_t len)
 
 void strata_reset_peak_stats(int device)
 {
-  device_slot* s = state().built_slot(device);
-  if (s == nullptr) return;
-  slot_lock lock(*s);
-  s->stats.reset_peaks(s->stack->usage().reserved);
+  c_entry("reset_peak_stats", quietly, [&] {
+    device_slot* s = state().built_slot(device);
+    if (s == nullptr) return;
+    slot_lock lock(*s);
+    s->stats.reset_peaks(s->stack->usage().reserved);
+  });
 }
 
 size_t strata_snapshot_json(int device, char* buf, size_t len)
@@ -305,12 +310,14 @@ size_t strata_snapshot_json(int device, char* buf, size_t len)
 
 int strata_record_flush(void)
 {
-  int failed = 0;
-  state().flush_traces([&](int d) {
-    set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
-    failed = 1;
+  return c_entry("record_flush", failing_with<int>{1}, [] {
+    int failed = 0;
+    state().flush_traces([&](int d) {
+      set_error("record_flush", "writing the trace of device " + std::to_string(d) + " failed");
+      failed = 1;
+    });
+    return failed;
   });
-  return failed;
 }
 
 int strata_device_figures_get(int device, strata_device_figures* out)
@@ -356,7 +363,7 @@ void strata_device_unlock(int device)
 
 void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stream, strata_device_figures* out)
 {
-  return c_entry("malloc", raising_oom(), [&]() -> void* {
+  return c_entry("malloc", raising_oom, [&]() -> void* {
     if (size == 0) {
       if (out != nullptr) (void)strata_device_figures_get(device, out);
       return nullptr;
@@ -365,7 +372,7 @@ void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stre
     slot_lock lock(s);
     device_scope on(s, device);
     try {
-      void* p = s.allocate(size, stream, state().release_on_oom());
+      void* p = s.allocate(size, stream);
       if (out == nullptr) {
         s.stats.note_reserved(s.stack->usage().reserved);
         return p;
@@ -514,7 +521,7 @@ void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
     device_scope on(s, device);
     const cudaStream_t stream = cupy_stream;
     s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
-    void* p = s.allocate(size, stream, state().release_on_oom());
+    void* p = s.allocate(size, stream);
     s.stats.note_reserved(s.stack->usage().reserved);
     s.cupy.emplace(p, cupy_block{size, stream});
     return p;

@@ -157,7 +157,7 @@ struct device_view {
   /// The segments and mapped ranges the trace last reported (Note [Segments and mapped ranges]), and the
   /// stack's figures then: segment events are looked for only when these figures move.
   strata::plugin::segment_ledger segments;
-  std::array<std::uint64_t, 4> segment_figures{};
+  strata::plugin::segment_figures segment_figures{};
   /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
   /// their blocks come from that allocator, one call each, and go back to it when freed.
   std::map<pool_id, std::shared_ptr<alloc::CUDAAllocator>> foreign_pools;
@@ -927,7 +927,7 @@ private:
       if (v.segments.adopted()) v.segments.forget();  // recording again starts from adopt_segments
       return;
     }
-    const std::array<std::uint64_t, 4> now{v.last.reserved, v.last.chunks, v.last.device_allocs, v.last.device_frees};
+    const strata::plugin::segment_figures now = strata::plugin::segment_figures_of(v.last);
     if (v.segments.adopted() && now == v.segment_figures) return;
     const std::optional<strata::plugin::held_memory> listing = read_listing(device);
     if (!listing) return;
@@ -954,7 +954,7 @@ private:
       }
       if (const auto listing = read_listing(static_cast<c10::DeviceIndex>(d))) {
         v.last = f;
-        v.segment_figures = {f.reserved, f.chunks, f.device_allocs, f.device_frees};
+        v.segment_figures = strata::plugin::segment_figures_of(f);
         v.segments.adopt(*listing);
       }
     }

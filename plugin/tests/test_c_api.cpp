@@ -801,6 +801,8 @@ TEST_CASE("C API: device figures agree with memory_stats and count held blocks")
           EXPECT(static_cast<long long>(f.largest_free) == stat(0, "strata.largest_free"));
           EXPECT(static_cast<long long>(f.device_allocs) == stat(0, "strata.calls.page_creates"));
           EXPECT(f.device_allocs >= 1 && f.device_frees == 0);
+          EXPECT(static_cast<long long>(f.page_maps) == stat(0, "strata.calls.page_maps"));
+          EXPECT(f.page_maps >= 1 && f.page_unmaps == 0);
           EXPECT(f.in_use >= 3 * MiB + 1000 && f.in_use <= f.reserved);
           EXPECT(f.limit == 512 * MiB);
           EXPECT(f.device_memory == 1024 * MiB);
@@ -816,6 +818,8 @@ TEST_CASE("C API: device figures agree with memory_stats and count held blocks")
           EXPECT(strata_device_figures_get(0, &f) == 0);
           EXPECT(f.held_bytes == 0 && f.held_blocks == 0 && f.in_use == 0);
           EXPECT(f.device_frees == f.device_allocs);
+          EXPECT(static_cast<long long>(f.page_unmaps) == stat(0, "strata.calls.page_unmaps"));
+          EXPECT(f.page_unmaps == f.page_maps);
           EXPECT(strata_malloc(600 * MiB, 0, a) == nullptr);  // above limit=
           EXPECT(strata_device_figures_get(0, &f) == 0);
           EXPECT(static_cast<long long>(f.ooms) == stat(0, "num_ooms"));
@@ -834,7 +838,7 @@ TEST_CASE("C API: the observed allocation and free fill the figures the same cal
                    x.free_blocks == y.free_blocks && x.held_bytes == y.held_bytes && x.held_blocks == y.held_blocks &&
                    x.allocated == y.allocated && x.limit == y.limit && x.device_memory == y.device_memory &&
                    x.device_allocs == y.device_allocs && x.device_frees == y.device_frees && x.alloc_retries == y.alloc_retries &&
-                   x.ooms == y.ooms;
+                   x.ooms == y.ooms && x.page_maps == y.page_maps && x.page_unmaps == y.page_unmaps;
           };
           strata_device_figures seen{}, read{};
           void* p = strata_malloc_or_throw_observed(3 * MiB, 0, a, &seen);

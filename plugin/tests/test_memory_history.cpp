@@ -11,7 +11,10 @@
 #include <vector>
 
 #include <strata/core/snapshot.hpp>
+#include <strata/pages/simulated_pages.hpp>
+#include <strata/policy/mapped_pool.hpp>
 
+#include "figures_of.hpp"
 #include "memory_history.hpp"
 
 using namespace strata;
@@ -83,14 +86,22 @@ TEST_CASE("snapshot: strata's JSON is read back exactly; anything else names whe
 {
   snapshot s;
   s.box = "mapped_pool \"x\"";
-  s.segments.push_back({0x100000, 8192, {{0, 4096, false, 3}, {4096, 4096, true, -1}}});
-  s.segments.push_back({0x900000, 2048, {{0, 2048, true, -1}}});
+  s.segments.push_back({0x100000, 8192, {{0, 4096, false, 3}, {4096, 4096, true, -1}}, {{0, 4096}, {4096, 4096}}});
+  s.segments.push_back({0x900000, 2048, {{0, 2048, true, -1}}, {}});
   const snapshot back = parse_snapshot_json(to_json(s));
   CHECK(back.box == s.box);
   REQUIRE(back.segments.size() == 2);
   CHECK(back.segments[0].address == 0x100000);
+  CHECK(back.segments[1].address == 0x900000);
+  CHECK(back.segments[0].size == 8192);
+  CHECK(back.segments[1].size == 2048);
   CHECK(back.segments[0].blocks == s.segments[0].blocks);
   CHECK(back.segments[1].blocks == s.segments[1].blocks);
+  CHECK(back.segments[0].mapped == s.segments[0].mapped);
+  CHECK(back.segments[1].mapped.empty());
+  // The listing and its JSON say the same memory is held.
+  CHECK(held_memory_of(back) == held_memory_of(s));
+  CHECK(parse_held_memory(to_json(s)) == held_memory{.segments = {{0x900000, 2048}}, .mapped = {{0x100000, 4096}, {0x101000, 4096}}});
   CHECK(parse_snapshot_json("{\"box\":\"\",\"segments\":[]}").segments.empty());
   CHECK_THROWS_WITH_AS(parse_snapshot_json("{\"box\":\"\",\"segments\":[{\"address\":x}]}"), doctest::Contains("offset"),
                        std::invalid_argument);
@@ -308,6 +319,90 @@ TEST_CASE("segment_ledger: a page-mapped pool's reserved ranges are never report
   const snapshot grown{.box = "mapped_pool", .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}, .mapped = {}}}};
   CHECK(l.update(grown).empty());
   CHECK(l.known().empty());
+  // Pages mapped into the grown range, and a second band reserved: only the mapped range is reported.
+  const std::vector<mapped_range> first{{.offset = 0x200000, .size = 0x400000}};
+  const snapshot mapped{.box = "mapped_pool",
+                        .segments = {{.address = 0x10000000, .size = 0x8000000, .blocks = {}, .mapped = first},
+                                     {.address = 0x80000000, .size = 0x4000000, .blocks = {}, .mapped = {}}}};
+  using c = segment_ledger::change;
+  CHECK(l.update(mapped) == std::vector<c>{{trace_action::segment_map, 0x10200000, 0x400000}});
+  // Both ranges grow again, the mapping unchanged: nothing to report.
+  const snapshot regrown{.box = "mapped_pool",
+                         .segments = {{.address = 0x10000000, .size = 0x10000000, .blocks = {}, .mapped = first},
+                                      {.address = 0x80000000, .size = 0x8000000, .blocks = {}, .mapped = {}}}};
+  CHECK(l.update(regrown).empty());
+  CHECK(l.known().empty());
+  CHECK(l.known_mapped() == held_ranges{{0x10200000, 0x400000}});
+  // The box is what keeps them out: the same ranges in a chunked stack's listing are segments of their own.
+  snapshot chunked = regrown;
+  chunked.box = "coalescing_pool";
+  chunked.segments[0].mapped.clear();
+  CHECK(held_memory_of(chunked).segments == held_ranges{{0x10000000, 0x10000000}, {0x80000000, 0x8000000}});
+}
+
+TEST_CASE("segment_ledger: a relocation is a SEGMENT_MAP of its new range and tidying a SEGMENT_UNMAP of the stale one, "
+          "seen because the page figures move where no other segment figure does")
+{
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  // The plug-in's default reclaim (relocate_idle) over a pretend device; stale ranges past 4 MiB are tidied.
+  mapped_pool<simulated_pages> pool{simulated_pages{}, {.small_limit = mib, .min_mapping = 0, .relocate_idle = true,
+                                                        .stale_address_limit = 4 * mib}};
+  // The pool's device figures, as the plug-in fills them (device_stack.hpp's read, device_figures_of).
+  const auto figures = [&pool] {
+    strata_device_figures f{};
+    f.reserved = pool.usage().reserved;
+    f.chunks = pool.usage().chunks;
+    f.device_allocs = pool.page_calls().creates;
+    f.device_frees = pool.page_calls().releases;
+    f.page_maps = pool.page_calls().maps;
+    f.page_unmaps = pool.page_calls().unmaps;
+    return f;
+  };
+  const auto memory_figures = [](const strata_device_figures& f) {
+    return std::array<std::uint64_t, 4>{f.reserved, f.chunks, f.device_allocs, f.device_frees};
+  };
+  using c = segment_ledger::change;
+  segment_ledger l;
+  // Two idle 4 MiB holes between live fences: an 8 MiB request fits neither, so their memory moves to it.
+  void* a1 = pool.allocate(4 * mib);
+  void* f1 = pool.allocate(2 * mib);
+  void* a2 = pool.allocate(4 * mib);
+  void* f2 = pool.allocate(2 * mib);
+  pool.deallocate(a1, 4 * mib);
+  pool.deallocate(a2, 4 * mib);
+  l.adopt(held_memory_of(pool.snapshot()));
+  const strata_device_figures before = figures();
+  void* b = pool.allocate(8 * mib);
+  REQUIRE(pool.relocations() >= 1);
+  const strata_device_figures moved = figures();
+  CHECK(memory_figures(moved) == memory_figures(before));          // no memory taken or given back...
+  CHECK(segment_figures_of(moved) != segment_figures_of(before));  // ...but the listing is read again
+  std::vector<c> changes = l.update(held_memory_of(pool.snapshot()));
+  REQUIRE(!changes.empty());
+  std::size_t mapped_at_b = 0;
+  for (const c& ch : changes) {
+    CHECK(ch.action == trace_action::segment_map);  // the stale ranges still map the memory: nothing unmapped yet
+    CHECK(ch.address >= reinterpret_cast<std::uintptr_t>(b));
+    CHECK(ch.address + ch.size <= reinterpret_cast<std::uintptr_t>(b) + 8 * mib);
+    mapped_at_b += ch.size;
+  }
+  CHECK(mapped_at_b == 8 * mib);
+  // Past the stale limit, the next allocation tidies: the stale ranges are unmapped, again with no memory moved.
+  void* d = pool.allocate(2 * mib);
+  const strata_device_figures tidied = figures();
+  CHECK(pool.stale_bytes() == 0);
+  CHECK(tidied.page_unmaps > moved.page_unmaps);
+  changes = l.update(held_memory_of(pool.snapshot()));
+  std::size_t unmapped = 0;
+  for (const c& ch : changes) {
+    if (ch.action != trace_action::segment_unmap) continue;
+    const bool at_a1 = ch.address >= reinterpret_cast<std::uintptr_t>(a1) && ch.address + ch.size <= reinterpret_cast<std::uintptr_t>(a1) + 4 * mib;
+    const bool at_a2 = ch.address >= reinterpret_cast<std::uintptr_t>(a2) && ch.address + ch.size <= reinterpret_cast<std::uintptr_t>(a2) + 4 * mib;
+    CHECK((at_a1 || at_a2));
+    unmapped += ch.size;
+  }
+  CHECK(unmapped == 8 * mib);
+  for (auto [p, n] : {std::pair{b, 8 * mib}, std::pair{d, 2 * mib}, std::pair{f1, 2 * mib}, std::pair{f2, 2 * mib}}) pool.deallocate(p, n);
 }
 
 TEST_CASE("segment_ledger: random mapped ranges and chunks; replaying the events rebuilds the memory held")
