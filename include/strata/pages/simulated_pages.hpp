@@ -193,6 +193,7 @@ public:
     else ::operator delete(host);
     pinned_bytes_ -= bytes;
   }
+  /// Set through mapped_pool::lend_pins_from, as driver_pages's.
   void lend_pins_from(pin_lender lender) noexcept { lender_ = lender; }
   bool pins_lent() const noexcept { return static_cast<bool>(lender_); }
   /// Copies at once (no streams here); every page crossed must be mapped and accessible.
