@@ -240,6 +240,12 @@ public:
     }
     return true;
   }
+  /// Bytes of the mapping that starts at `address` (0 where none starts): a whole allocation.
+  std::size_t mapping_at(std::uintptr_t address) const
+  {
+    const auto it = mappings_.find(address);
+    return it == mappings_.end() ? 0 : pages_.at(it->second).bytes;
+  }
   /// How many addresses the allocation is mapped at now (0 for one that does not exist).
   std::size_t times_mapped(page p) const noexcept
   {
