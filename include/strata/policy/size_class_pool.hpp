@@ -225,7 +225,8 @@ public:
     }
     direct_.for_each([&](void* p, const direct_block& d) {
       s.segments.push_back({reinterpret_cast<std::uintptr_t>(d.raw), d.raw_bytes,
-                            {{static_cast<std::size_t>(static_cast<char*>(p) - static_cast<char*>(d.raw)), align_up(d.bytes, default_alignment), false, -1}}});
+                            {{static_cast<std::size_t>(static_cast<char*>(p) - static_cast<char*>(d.raw)), align_up(d.bytes, default_alignment), false, -1}},
+                            {}});
     });
     return s;
   }
