@@ -560,7 +560,7 @@ private:
           count_wait(stats_.stream_syncs);
           backend_.wait_stream(stream);
         } catch (...) {
-          s.put(n);  // cannot throw: the bin for this key exists
+          cache_.put_back(s, n);
           throw;
         }
       }
@@ -981,7 +981,7 @@ private:
     node* n = nullptr;
     const pending_event* cover = nullptr;
     cache_.for_each([&](stream_state& other) {
-      if (n == nullptr && &other != &self && (n = covered_block(other, key, cover)) != nullptr) from = &other;
+      if (n == nullptr && &other != &self && (n = other.covered_block(key, cover)) != nullptr) from = &other;
     });
     if (n == nullptr) return nullptr;
     if (for_host) {
@@ -994,23 +994,6 @@ private:
     ++stats_.handovers;
     from->remove(n);
     return hand_out(n);
-  }
-
-  /// A block of `key` cached by `other` and covered by one of its events (that event in `cover`), or null.
-  static node* covered_block(stream_state& other, bin_key key, const pending_event*& cover) noexcept
-  {
-    const auto bin = other.bins.find(key);
-    if (bin == other.bins.end()) return nullptr;
-    for (node* n = bin->second; n != nullptr; n = n->bin_next) {
-      if (n->seq >= other.covered_seq) continue;
-      for (const pending_event& pe : other.events)
-        if (pe.covers_below > n->seq) {
-          cover = &pe;
-          return n;
-        }
-      // No event covers it: cannot happen, a completed event's blocks were reaped with it.
-    }
-    return nullptr;
   }
 
   // ---- Pending frees ----------------------------------------------------------------------------------------
@@ -1153,8 +1136,7 @@ private:
       s.remove(n);
       give_back(n);
     }
-    s.covered_seq = s.next_seq;
-    s.uncovered_blocks = s.uncovered_bytes = 0;
+    s.drained();
   }
 
   // ---- Capture ----------------------------------------------------------------------------------------------
