@@ -247,7 +247,7 @@ public:
       if (fresh) graphs_.pools().erase_if_empty(*pl);
       throw;
     }
-    pl->released = false;  // a pool id used again after release_pool: its remaining blocks are its own again
+    graph_pools<set_aside>::reopen(*pl);
     graphs_.add_route(pool_id, std::move(filter));
   }
 
@@ -272,6 +272,10 @@ public:
 
   // What the layer holds and did (stream_ordered's observers).
   const graph_pools<set_aside>& private_pools() const noexcept { return graphs_.pools(); }
+  std::size_t pool_blocks(std::uint64_t pool, bool automatic) const noexcept
+  {
+    return graphs_.pools().blocks_in({pool, automatic});
+  }
   /// Blocks and bytes freed by streams and not yet back in the policy (the lone owner's recent frees included).
   std::size_t cached_bytes() const noexcept { return cache_.bytes() + recent_.bytes(); }
   std::size_t cached_blocks() const noexcept { return cache_.blocks() + recent_.blocks(); }
