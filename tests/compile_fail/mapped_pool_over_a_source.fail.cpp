@@ -1,4 +1,4 @@
-// expect: satisf.*page_backend
+// expect: satisf(action of [^a-z_ ]+|y ')page_backend[<']
 // Must not compile: mapped_pool maps physical pages into reserved ranges; a memory source cannot.
 #include <strata/policy/mapped_pool.hpp>
 #include <strata/source/host_source.hpp>

@@ -1,4 +1,4 @@
-// expect: satisf.*copying_page_backend
+// expect: satisf(action of [^a-z_ ]+|y ')copying_page_backend[<']
 // Must not compile: pause copies a tag's contents to pinned host memory, which a page backend without pin and
 // copies cannot do; pause is not offered rather than offered and failing.
 #include <strata/pages/simulated_pages.hpp>

@@ -1,4 +1,4 @@
-// expect: satisf.*pinning_backend
+// expect: satisf(action of [^a-z_ ]+|y ')pinning_backend[<']
 // Must not compile: pinned_host_pool pins regions through its pinning backend (pin, unpin, its NUMA node); a
 // memory source is not one.
 #include <strata/pinned/pinned_host_pool.hpp>

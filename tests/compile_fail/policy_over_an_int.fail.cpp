@@ -1,4 +1,4 @@
-// expect: satisf.*resource
+// expect: satisf(action of [^a-z_ ]+|y ')resource[<']
 // Must not compile: a policy's upstream is a strata::resource (allocate, a noexcept deallocate, equality).
 #include <strata/policy/coalescing_pool.hpp>
 

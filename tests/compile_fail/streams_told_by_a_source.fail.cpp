@@ -1,4 +1,4 @@
-// expect: satisf.*event_backend
+// expect: satisf(action of [^a-z_ ]+|y ')event_backend[<']
 // Must not compile: stream_ordered's second parameter tells streams apart and records events (an
 // event_backend); a memory source is not one.
 #include <strata/policy/coalescing_pool.hpp>

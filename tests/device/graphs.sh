@@ -3,9 +3,9 @@
 #   tests/device/graphs.sh          (from the repository root; needs nvcc, g++ and a GPU)
 # Builds with nvcc/g++ directly (no CMake): the GPU tests tests/gpu/test_graphs.cu (doctest filter
 # 'graphs:*', the same cases strata_gpu_tests runs with -tc='graphs:*'), and the host tests of the private
-# pools (tests/detail/test_graph_router.cpp, tests/detail/test_graph_pools.cpp); then the GPU tests once more under
-# compute-sanitizer memcheck when it is installed. Prints "graphs <part>: PASS" or "FAIL" per part and
-# exits 0 only when every part passed. doctest comes from the system or from .device/doctest.
+# pools (tests/detail/stream/test_graph_router.cpp, tests/detail/stream/test_graph_pools.cpp); then the GPU
+# tests once more under compute-sanitizer memcheck when it is installed. Prints "graphs <part>: PASS" or
+# "FAIL" per part and exits 0 only when every part passed. doctest comes from the system or from .device/doctest.
 set -u
 OUT=${OUT:-$PWD/out-graphs}
 mkdir -p "$OUT"
@@ -26,8 +26,8 @@ nvcc -std=c++20 -O2 -arch=sm_90 "${inc[@]}" tests/gpu/main.cu tests/gpu/test_gra
   > "$OUT/build_gpu.log" 2>&1
 rc=$?; report build-gpu $rc
 g++ -std=c++20 -O1 "${inc[@]}" -I/usr/local/cuda/include/cccl -isystem /usr/local/cuda/include tests/support/main.cpp \
-  tests/detail/test_graph_router.cpp tests/detail/test_graph_pools.cpp -o "$bin/host_graphs" -L/usr/local/cuda/lib64 -lcudart \
-  -Wl,-rpath,/usr/local/cuda/lib64 -pthread > "$OUT/build_host.log" 2>&1
+  tests/detail/stream/test_graph_router.cpp tests/detail/stream/test_graph_pools.cpp -o "$bin/host_graphs" \
+  -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,/usr/local/cuda/lib64 -pthread > "$OUT/build_host.log" 2>&1
 report build-host $?
 
 if [ "$rc" -eq 0 ]; then

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <strata/core/errors.hpp>
@@ -35,7 +37,7 @@ struct budget {
 
   explicit budget(std::size_t lockable = SIZE_MAX) : host(lockable)
   {
-    pool.backend().lend_pins_from(pin_lender(pinned));
+    pool.lend_pins_from(pin_lender(pinned));
     for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate_tagged(1, 4 * mib));
   }
   ~budget()
@@ -145,4 +147,98 @@ TEST_CASE("one pinned budget: a pause the pinned pool cannot serve is out_of_mem
   b.pool.pause({1});
   b.pool.resume({1});
   CHECK(b.stamped(5));
+}
+
+namespace {
+
+/// Lends from the pinned pool and keeps account: what is out, and every give of memory it never lent.
+struct tally {
+  explicit tally(pinned_t& pool) : pinned(&pool) {}
+
+  pinned_t* pinned;
+  std::set<void*> out;
+  int foreign = 0;
+
+  pin_lender lender()
+  {
+    return pin_lender(
+        this,
+        [](void* t, std::size_t bytes) -> void* {
+          auto& self = *static_cast<tally*>(t);
+          void* p = self.pinned->allocate(bytes, pin_lender::page_alignment);
+          self.out.insert(p);
+          return p;
+        },
+        [](void* t, void* p, std::size_t bytes) noexcept {
+          auto& self = *static_cast<tally*>(t);
+          if (self.out.erase(p) == 0) ++self.foreign;  // not ours: the pinned pool must never see it
+          else self.pinned->deallocate(p, bytes, pin_lender::page_alignment);
+        });
+  }
+};
+
+} // namespace
+
+TEST_CASE("one pinned budget: lending while a tag is paused is a usage_error naming the tag, and changes nothing")
+{
+  budget b;
+  b.stamp(6);
+  b.pool.pause({1});
+  const std::size_t in_use = b.pinned.usage().in_use;
+  tally t(b.pinned);
+  try {
+    b.pool.lend_pins_from(t.lender());
+    FAIL("lend_pins_from with tag 1 paused did not throw");
+  } catch (const usage_error& e) {
+    CHECK(std::string(e.what()).find("paused (1)") != std::string::npos);
+  }
+  CHECK(b.pool.paused(1));
+  CHECK(b.pool.backup_bytes() == 32 * mib);
+  CHECK(b.pinned.usage().in_use == in_use);
+  b.pool.resume({1});  // still lent from the first lender: back to it, none to the refused one
+  CHECK(b.stamped(6));
+  CHECK(t.out.empty());
+  CHECK(t.foreign == 0);
+  CHECK(b.pinned.usage().in_use == 0);
+  b.pool.lend_pins_from(t.lender());  // allowed once nothing sleeps
+  CHECK(b.pool.backend().pins_lent());
+}
+
+TEST_CASE("one pinned budget: backup pinned ahead before lending is unpinned the backend's own way, never given to the lender")
+{
+  simulated_pinning_host host;
+  simulated_streams world;
+  pinned_t pinned{simulated_pinning(host), simulated_events(world)};
+  pool_t pool;
+  void* block = pool.allocate_tagged(1, 4 * mib);
+  pool.reserve_backup(16 * mib);  // the backend's own pins
+  CHECK(pool.backup_bytes() == 16 * mib);
+  CHECK(pool.backend().pinned_bytes() == 16 * mib);
+  tally t(pinned);
+  pool.lend_pins_from(t.lender());
+  CHECK(pool.backup_bytes() == 0);
+  CHECK(pool.backend().pinned_bytes() == 0);  // unpinned before the lender came
+  CHECK(host.pins() == 0);
+  CHECK(t.foreign == 0);
+  pool.reserve_backup(8 * mib);  // now from the lender, ahead
+  CHECK(t.out.size() == 1);
+  CHECK(pinned.usage().in_use >= 8 * mib);
+  pool.pause({1});
+  pool.resume({1});  // gives the backup back to the lender
+  CHECK(pool.backup_bytes() == 0);
+  CHECK(t.out.empty());
+  CHECK(t.foreign == 0);
+  CHECK(pinned.usage().in_use == 0);
+  pool.reserve_backup(8 * mib);
+  pool.lend_pins_from(pin_lender{});  // back to the backend's own pins: the lent region goes back first
+  CHECK(t.out.empty());
+  CHECK(t.foreign == 0);
+  CHECK_FALSE(pool.backend().pins_lent());
+  pool.pause({1});
+  pool.resume({1});
+  CHECK(t.foreign == 0);
+  CHECK(pinned.usage().in_use == 0);
+  pool.deallocate(block, 4 * mib);
+  CHECK(pinned.release() == host.pinned());
+  CHECK(host.mismatched_unpins() == 0);
 }

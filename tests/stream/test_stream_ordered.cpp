@@ -546,7 +546,7 @@ TEST_CASE("stream_ordered: events are made on their stream's device, whichever d
 
 TEST_CASE("stream_ordered: with graph pools off, graph capture is refused clearly and leaves the layer usable")
 {
-  rig<> r(64 << 20, {.graph_pools = false});  // private pools: tests/detail/test_graph_router.cpp
+  rig<> r(64 << 20, {.graph_pools = false});  // private pools: tests/detail/stream/test_graph_router.cpp
   const cuda::stream_ref owner = r.world.create(), s = r.world.create();
   make_owner(r, owner);
   void* before = r.allocate(4096, s);

@@ -157,9 +157,9 @@ inline CUmemAccessDesc access_for(int device) noexcept
 /// Models page_backend and copying_page_backend; device_accessible. Cost: every call is a driver call, priced
 /// per call whatever the size (bench/vmm_costs times each; cuMemSetAccess and cuMemUnmap cost most);
 /// synchronize() is a cudaDeviceSynchronize of the device. For pause and resume: pin() is pin_host
-/// (sleep/pinned_host.hpp: chunks registered by several threads), or a block of the pinned pool given to
-/// lend_pins_from (Note [One pinned budget], pinned/pin_lender.hpp), copies go over two streams of its own in
-/// pieces of at most 64 MiB, finish_copies() waits for both streams on the host.
+/// (sleep/pinned_host.hpp: chunks registered by several threads), or a block of the pinned pool lent through
+/// mapped_pool::lend_pins_from (Note [One pinned budget], pinned/pin_lender.hpp), copies go over two streams
+/// of its own in pieces of at most 64 MiB, finish_copies() waits for both streams on the host.
 /// Holds no mutable state but its counters and its copy streams (shared by copies of it), which the owning
 /// pool guards.
 class driver_pages {
@@ -271,8 +271,9 @@ public:
     if (lender_) lender_.give(host, bytes);
     else unpin_host(host, bytes);
   }
-  /// From now on pin() borrows from `lender` and unpin() gives back to it (Note [One pinned budget]). Call it
-  /// while nothing pinned is out (before the first pause, or after mapped_pool::release_backup()).
+  /// From now on pin() borrows from `lender` and unpin() gives back to it (Note [One pinned budget]). Set it
+  /// through mapped_pool::lend_pins_from, which first gives back what is pinned: unpin() hands whatever it is
+  /// given to the lender of the moment.
   void lend_pins_from(pin_lender lender) noexcept { lender_ = lender; }
   bool pins_lent() const noexcept { return static_cast<bool>(lender_); }
   void copy_to_host(void* host, std::uintptr_t address, std::size_t bytes)

@@ -193,6 +193,7 @@ public:
     else ::operator delete(host);
     pinned_bytes_ -= bytes;
   }
+  /// Set through mapped_pool::lend_pins_from, as driver_pages's.
   void lend_pins_from(pin_lender lender) noexcept { lender_ = lender; }
   bool pins_lent() const noexcept { return static_cast<bool>(lender_); }
   /// Copies at once (no streams here); every page crossed must be mapped and accessible.
@@ -238,6 +239,12 @@ public:
       if (it == granules_.end() || !it->second) return false;
     }
     return true;
+  }
+  /// Bytes of the mapping that starts at `address` (0 where none starts): a whole allocation.
+  std::size_t mapping_at(std::uintptr_t address) const
+  {
+    const auto it = mappings_.find(address);
+    return it == mappings_.end() ? 0 : pages_.at(it->second).bytes;
   }
   /// How many addresses the allocation is mapped at now (0 for one that does not exist).
   std::size_t times_mapped(page p) const noexcept

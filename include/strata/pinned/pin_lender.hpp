@@ -9,6 +9,11 @@ namespace strata {
 // is busy. Lending the pool's memory to the page backend makes them one budget: a pause takes its backup
 // from the pool's free blocks (pinning only what no free block holds), and a resume gives it back at once,
 // where an offload buffer or a pinned tensor reuses it without pinning. Only the pool's release() unpins.
+// Locks: take and give run inside the page-mapped pool's pause, resume, reserve_backup, release_backup,
+// lend_pins_from and destructor, so under whatever lock guards that pool (a device's lock in the plug-in). A
+// lender that locks its own pool takes that lock after the page-mapped pool's, and never calls the page-mapped
+// pool while holding it. give is noexcept, and std::mutex::lock can throw (std::system_error): a lender that
+// locks in give handles that itself, since an exception escaping give ends the program (std::terminate).
 
 /// A reference to a pool of pinned host memory that a page backend borrows its backup memory from
 /// (Note [One pinned budget]): two calls, type-erased, so a backend holds it without knowing the pool's type

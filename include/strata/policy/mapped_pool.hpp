@@ -44,9 +44,8 @@ namespace strata {
 /// (detail/pages/mapped_core.hpp, one per tag), so `pause(tags)` can copy a tag's live blocks to pinned host memory
 /// and give all its physical memory back, and `resume(tags)` map it again at the same addresses: pointers and
 /// CUDA graphs stay valid. Pinned memory is kept from one pause to the next (detail/pages/backup_store.hpp), or,
-/// where the backend borrows it from a pinned pool (lends_pins), given back to that pool at each resume (Note
-/// [One pinned budget], pinned/pin_lender.hpp). A tag's
-/// idle memory serves only that tag. `max_physical` counts every tag's mapped pages: at the cap a tag gives
+/// where the backend borrows it from a pinned pool (lend_pins_from), given back to that pool at each resume
+/// (Note [One pinned budget], pinned/pin_lender.hpp). A tag's idle memory serves only that tag. `max_physical` counts every tag's mapped pages: at the cap a tag gives
 /// its own idle memory back first, and when that or the device runs out, the other tags' idle memory.
 ///
 /// Backend: driver_pages (device memory) or simulated_pages (a pretend device, for tests and planning).
@@ -267,10 +266,29 @@ public:
     resume(std::span<const tag_id>(tags.begin(), tags.size()));
   }
 
-  /// Pins host memory ahead, so that a pause of up to `bytes` pins nothing (pinning is the slow part).
+  /// Pins host memory ahead, so that a pause of up to `bytes` pins nothing (pinning is the slow part). Where
+  /// pins are lent (lend_pins_from), it takes the memory from the lender's pool ahead, and the next resume gives
+  /// it back there.
   void reserve_backup(std::size_t bytes) requires copying_page_backend<Backend> { backup_.reserve(backend_, bytes); }
-  /// Unpins the backup memory no paused tag holds; returns the bytes unpinned.
+  /// Unpins the backup memory no paused tag holds, or gives it back to the lender; returns the bytes.
   std::size_t release_backup() noexcept requires copying_page_backend<Backend> { return backup_.release(backend_); }
+
+  /// Makes the backend borrow its backup memory from `lender` from now on (Note [One pinned budget],
+  /// pinned/pin_lender.hpp), or pin its own again for an empty one. The backup memory held now (what
+  /// reserve_backup pinned ahead, or an earlier pause left) goes first back where it came from, unpinned or
+  /// given to the previous lender, so no lender is ever given memory it did not lend. strata::usage_error,
+  /// before anything changes, while any tag is paused: its backup must go back where it came from at its
+  /// resume. Cost: release_backup().
+  void lend_pins_from(pin_lender lender) requires lends_pins<Backend>
+  {
+    std::string asleep;
+    for (std::size_t t = 0; t < tags_.size(); ++t)
+      if (tags_[t].sleep != nullptr) asleep += (asleep.empty() ? "" : ", ") + std::to_string(t);
+    if (!asleep.empty())
+      throw usage_error("mapped_pool: lend_pins_from while tags are paused (" + asleep + "); resume them first");
+    (void)backup_.release(backend_);
+    backend_.lend_pins_from(lender);
+  }
   /// Pinned host memory held for backups now.
   std::size_t backup_bytes() const noexcept { return backup_.pinned_bytes(); }
 

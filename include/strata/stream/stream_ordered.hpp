@@ -153,8 +153,7 @@ public:
   /// Blocks and bytes in one pool (an explicit pool's id, or a capture's id with `automatic`); 0 if none.
   std::size_t pool_blocks(std::uint64_t pool, bool automatic = false) const noexcept
   {
-    const auto* pl = impl_.private_pools().find({pool, automatic});
-    return pl == nullptr ? 0 : pl->live_blocks + pl->free_blocks;
+    return impl_.pool_blocks(pool, automatic);
   }
 
   std::size_t good_size(std::size_t bytes, std::size_t alignment = default_alignment) const

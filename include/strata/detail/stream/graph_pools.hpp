@@ -84,6 +84,16 @@ public:
     return {&it->second, fresh};
   }
 
+  /// Blocks the pool of that name holds, live and free; 0 for none.
+  std::size_t blocks_in(pool_name name) const noexcept
+  {
+    const pool* pl = find(name);
+    return pl == nullptr ? 0 : pl->live_blocks + pl->free_blocks;
+  }
+
+  /// A pool's name used again after its release: the blocks it still holds are its own again.
+  static void reopen(pool& pl) noexcept { pl.released = false; }
+
   /// Forgets a pool holding nothing (a failed first allocation, or a released pool whose last block left).
   void erase_if_empty(pool& pl) noexcept
   {

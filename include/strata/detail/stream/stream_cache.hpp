@@ -189,6 +189,33 @@ struct stream_free_lists {
     bytes_at_cover = bytes;
   }
 
+  /// Everything it held went back (no block, no event left): nothing is uncovered. The counts at the last
+  /// event stay, so the stream's next frees are weighed against its usual rhythm.
+  void drained() noexcept
+  {
+    covered_seq = next_seq;
+    uncovered_blocks = 0;
+    uncovered_bytes = 0;
+  }
+
+  /// A block of `key` covered by one of this stream's events (that event in `cover`), or null: another
+  /// stream may take it once it waits for that event.
+  cached_block* covered_block(bin_key key, const pending_event<Event>*& cover) noexcept
+  {
+    const auto bin = bins.find(key);
+    if (bin == bins.end()) return nullptr;
+    for (cached_block* n = bin->second; n != nullptr; n = n->bin_next) {
+      if (n->seq >= covered_seq) continue;
+      for (const pending_event<Event>& pe : events)
+        if (pe.covers_below > n->seq) {
+          cover = &pe;
+          return n;
+        }
+      // No event covers it: cannot happen, a completed event's blocks were reaped with it.
+    }
+    return nullptr;
+  }
+
   /// Unlinks any block (the handover and reclaim paths).
   void remove(cached_block* n) noexcept
   {

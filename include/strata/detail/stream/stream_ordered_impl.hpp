@@ -247,7 +247,7 @@ public:
       if (fresh) graphs_.pools().erase_if_empty(*pl);
       throw;
     }
-    pl->released = false;  // a pool id used again after release_pool: its remaining blocks are its own again
+    graph_pools<set_aside>::reopen(*pl);
     graphs_.add_route(pool_id, std::move(filter));
   }
 
@@ -272,6 +272,10 @@ public:
 
   // What the layer holds and did (stream_ordered's observers).
   const graph_pools<set_aside>& private_pools() const noexcept { return graphs_.pools(); }
+  std::size_t pool_blocks(std::uint64_t pool, bool automatic) const noexcept
+  {
+    return graphs_.pools().blocks_in({pool, automatic});
+  }
   /// Blocks and bytes freed by streams and not yet back in the policy (the lone owner's recent frees included).
   std::size_t cached_bytes() const noexcept { return cache_.bytes() + recent_.bytes(); }
   std::size_t cached_blocks() const noexcept { return cache_.blocks() + recent_.blocks(); }
@@ -560,7 +564,7 @@ private:
           count_wait(stats_.stream_syncs);
           backend_.wait_stream(stream);
         } catch (...) {
-          s.put(n);  // cannot throw: the bin for this key exists
+          cache_.put_back(s, n);
           throw;
         }
       }
@@ -981,7 +985,7 @@ private:
     node* n = nullptr;
     const pending_event* cover = nullptr;
     cache_.for_each([&](stream_state& other) {
-      if (n == nullptr && &other != &self && (n = covered_block(other, key, cover)) != nullptr) from = &other;
+      if (n == nullptr && &other != &self && (n = other.covered_block(key, cover)) != nullptr) from = &other;
     });
     if (n == nullptr) return nullptr;
     if (for_host) {
@@ -994,23 +998,6 @@ private:
     ++stats_.handovers;
     from->remove(n);
     return hand_out(n);
-  }
-
-  /// A block of `key` cached by `other` and covered by one of its events (that event in `cover`), or null.
-  static node* covered_block(stream_state& other, bin_key key, const pending_event*& cover) noexcept
-  {
-    const auto bin = other.bins.find(key);
-    if (bin == other.bins.end()) return nullptr;
-    for (node* n = bin->second; n != nullptr; n = n->bin_next) {
-      if (n->seq >= other.covered_seq) continue;
-      for (const pending_event& pe : other.events)
-        if (pe.covers_below > n->seq) {
-          cover = &pe;
-          return n;
-        }
-      // No event covers it: cannot happen, a completed event's blocks were reaped with it.
-    }
-    return nullptr;
   }
 
   // ---- Pending frees ----------------------------------------------------------------------------------------
@@ -1153,8 +1140,7 @@ private:
       s.remove(n);
       give_back(n);
     }
-    s.covered_seq = s.next_seq;
-    s.uncovered_blocks = s.uncovered_bytes = 0;
+    s.drained();
   }
 
   // ---- Capture ----------------------------------------------------------------------------------------------

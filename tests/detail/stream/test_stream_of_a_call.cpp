@@ -95,7 +95,7 @@ void pairs_on(Layer& layer, const Stream& s, int pairs)
 
 } // namespace
 
-TEST_CASE("stream_lookup: with check_capture, every call on an identified stream asks the capture state and never the id")
+TEST_CASE("the stream of a call: with check_capture, every call on an identified stream asks the capture state and never the id")
 {
   rig r;
   const identified_stream s = r.world.identify(r.world.create());
@@ -107,7 +107,7 @@ TEST_CASE("stream_lookup: with check_capture, every call on an identified stream
   r.layer.release();
 }
 
-TEST_CASE("stream_lookup: without check_capture, on one identified stream, allocate/free pairs ask no id and no capture state")
+TEST_CASE("the stream of a call: without check_capture, on one identified stream, allocate/free pairs ask no id and no capture state")
 {
   rig r({.check_capture = false});
   const identified_stream s = r.world.identify(r.world.create());
@@ -134,7 +134,7 @@ TEST_CASE("stream_lookup: without check_capture, on one identified stream, alloc
   r.layer.release();
 }
 
-TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_capture, the capture query before it")
+TEST_CASE("the stream of a call: on a plain handle, the id lookup and, with check_capture, the capture query before it")
 {
   rig r;
   const cuda::stream_ref s = r.world.create();
@@ -160,7 +160,7 @@ TEST_CASE("stream_lookup: on a plain handle, the id lookup and, with check_captu
   CHECK(r.since(before).ids == 200);
 }
 
-TEST_CASE("stream_lookup: on a handle whose id cannot be cached, every call asks the capture query and the id once each")
+TEST_CASE("the stream of a call: on a handle whose id cannot be cached, every call asks the capture query and the id once each")
 {
   rig r;
   const cuda::stream_ref legacy = simulated_streams::legacy();  // a default stream: a free asks its id too
@@ -190,7 +190,7 @@ TEST_CASE("stream_lookup: on a handle whose id cannot be cached, every call asks
   CHECK(r.layer.policy().usage().in_use == 0);
 }
 
-TEST_CASE("stream_lookup: a plain handle that names no live stream is refused on allocate and its free returned after a wait")
+TEST_CASE("the stream of a call: a plain handle that names no live stream is refused on allocate and its free returned after a wait")
 {
   rig r;
   const cuda::stream_ref s = r.world.create(), other = r.world.create();
@@ -218,7 +218,7 @@ struct recounted_events : simulated_events {
 static_assert(capture_then_id_backend<simulated_events> && capture_then_id_backend<cuda_events>);
 static_assert(!capture_then_id_backend<recounted_events>);  // asked apart: its own capturing() is heard
 
-TEST_CASE("stream_lookup: a backend that redefines a question it inherits a joint answer for is asked apart")
+TEST_CASE("the stream of a call: a backend that redefines a question it inherits a joint answer for is asked apart")
 {
   simulated_streams world;
   stream_ordered<pool_t, recounted_events> layer(
@@ -229,7 +229,7 @@ TEST_CASE("stream_lookup: a backend that redefines a question it inherits a join
   layer.release();
 }
 
-TEST_CASE("stream_lookup: a lone owner's handle reused by a new stream of another device: the free is the new stream's")
+TEST_CASE("the stream of a call: a lone owner's handle reused by a new stream of another device: the free is the new stream's")
 {
   for (const bool check_capture : {true, false}) {
     rig r({.check_capture = check_capture});
@@ -263,7 +263,7 @@ TEST_CASE("stream_lookup: a lone owner's handle reused by a new stream of anothe
   }
 }
 
-TEST_CASE("stream_lookup: an unannounced capture on a plain handle is found by the query, never by asking the id")
+TEST_CASE("the stream of a call: an unannounced capture on a plain handle is found by the query, never by asking the id")
 {
   rig r;
   const cuda::stream_ref s = r.world.create(), other = r.world.create();
@@ -302,7 +302,7 @@ TEST_CASE("stream_lookup: an unannounced capture on a plain handle is found by t
   CHECK(r.layer.policy().usage().in_use == 0);
 }
 
-TEST_CASE("stream_lookup: an announced capture on an identified stream is served from its private pool")
+TEST_CASE("the stream of a call: an announced capture on an identified stream is served from its private pool")
 {
   rig r({.check_capture = false});
   const identified_stream s = r.world.identify(r.world.create());
@@ -337,7 +337,7 @@ TEST_CASE("stream_lookup: an announced capture on an identified stream is served
   r.layer.release();
 }
 
-TEST_CASE("stream_lookup: a capture first seen through a plain handle makes identified calls ask too, and refuse")
+TEST_CASE("the stream of a call: a capture first seen through a plain handle makes identified calls ask too, and refuse")
 {
   rig r({.graph_pools = false});
   const cuda::stream_ref s = r.world.create();
@@ -360,7 +360,7 @@ TEST_CASE("stream_lookup: a capture first seen through a plain handle makes iden
   CHECK(r.world.captured_records() == 0);
 }
 
-TEST_CASE("stream_lookup: a destroyed stream's handle reused by a new identified stream gets none of its blocks unordered")
+TEST_CASE("the stream of a call: a destroyed stream's handle reused by a new identified stream gets none of its blocks unordered")
 {
   rig r;
   const identified_stream owner = r.world.identify(r.world.create());
@@ -385,7 +385,7 @@ TEST_CASE("stream_lookup: a destroyed stream's handle reused by a new identified
   CHECK(r.layer.cached_blocks() == 0);
 }
 
-TEST_CASE("stream_lookup: a destroyed owner's handle reused by a new identified stream waits for the owner's frees")
+TEST_CASE("the stream of a call: a destroyed owner's handle reused by a new identified stream waits for the owner's frees")
 {
   rig r;
   const cuda::stream_ref owner_handle = r.world.create();
@@ -408,7 +408,7 @@ TEST_CASE("stream_lookup: a destroyed owner's handle reused by a new identified 
   CHECK(r.world.dead_stream_queries() == 0);
 }
 
-TEST_CASE("stream_lookup: the owner alone, with captures announced, pays a pair as the policy's allocate and free alone")
+TEST_CASE("the stream of a call: the owner alone, with captures announced, pays a pair as the policy's allocate and free alone")
 {
   asked_rig r({.check_capture = false});
   const identified_stream s = r.world.identify(r.world.create());
@@ -440,7 +440,7 @@ TEST_CASE("stream_lookup: the owner alone, with captures announced, pays a pair 
   CHECK((checked.mark() - before).captures == 200);
 }
 
-TEST_CASE("stream_lookup: the owner alone keeping its recent frees pays a repeated pair as a push and a pop")
+TEST_CASE("the stream of a call: the owner alone keeping its recent frees pays a repeated pair as a push and a pop")
 {
   asked_rig r({.check_capture = false, .reuse_recent_frees = true});
   const identified_stream s = r.world.identify(r.world.create());
@@ -482,7 +482,7 @@ TEST_CASE("stream_lookup: the owner alone keeping its recent frees pays a repeat
   CHECK((r.mark() - before).frees == 10);
 }
 
-TEST_CASE("stream_lookup: the owner alone leaves its short path when a capture is announced or another stream shares the layer")
+TEST_CASE("the stream of a call: the owner alone leaves its short path when a capture is announced or another stream shares the layer")
 {
   asked_rig r({.check_capture = false});
   const identified_stream s = r.world.identify(r.world.create());
