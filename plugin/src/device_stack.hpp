@@ -104,9 +104,10 @@ public:
   /// Pinned host memory held for backups now (0 without tags).
   virtual std::size_t backup_bytes() const noexcept = 0;
   /// Borrows the backup from `lender` from here on (empty: pins its own; Note [One pinned budget]). The caller
-  /// sees that backup_bytes() is 0 first: memory out goes back to where it came from. False, nothing done,
-  /// where the stack cannot sleep. O(1).
-  virtual bool lend_backup(pin_lender lender) noexcept = 0;
+  /// sees that backup_bytes() is 0 and no tag is paused first: memory out goes back to where it came from
+  /// (mapped_pool::lend_pins_from refuses otherwise, with strata::usage_error). False, nothing done, where the
+  /// stack cannot sleep. O(1).
+  virtual bool lend_backup(pin_lender lender) = 0;
   /// Whether this device holds memory or live blocks under `tag`, or has it paused; false without tags.
   virtual bool holds_tag(tag_id tag) const noexcept = 0;
   virtual bool tag_paused(tag_id tag) const noexcept = 0;
@@ -280,10 +281,10 @@ public:
     if constexpr (sleeps) return inner().policy().backup_bytes();
     else return 0;
   }
-  bool lend_backup(pin_lender lender) noexcept override
+  bool lend_backup(pin_lender lender) override
   {
     if constexpr (borrows) {
-      inner().policy().backend().lend_pins_from(lender);
+      inner().policy().lend_pins_from(lender);
       return true;
     } else {
       return false;

@@ -230,6 +230,9 @@ bool plugin_state::set_backup_lender(const backup_lender& lender)
         throw refusal("device " + std::to_string(d) + " holds " + std::to_string(out) +
                       " bytes of sleep/wake backup (a tag paused with its backup, or memory pinned ahead by "
                       "strata_reserve_backup): resume the paused tags or call strata_release_backup() first");
+      for (tag_id t = 0; t < max_tags; ++t)
+        if (s->stack->tag_paused(t))
+          throw refusal("device " + std::to_string(d) + " has tag " + std::to_string(t) + " paused: resume it first");
     }
   {
     std::lock_guard config_lock(config_mutex_);  // stacks built from here on borrow from the new lender

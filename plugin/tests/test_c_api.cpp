@@ -1331,6 +1331,14 @@ TEST_CASE("C API: the lender is not switched while backup memory is out; every d
           EXPECT(first.takes == 1 && second.takes == 2);
           EXPECT(strata_resume(trainer, 1) == 0);
           EXPECT(strata_release_backup() == 40 * MiB);
+          // A tag paused without its backup holds none, and still refuses the switch: its resume must find the
+          // pins where its pause left them.
+          EXPECT(strata_pause(trainer, 1, 0) == 0);
+          EXPECT(first.lend() == -1);
+          EXPECT(mentions("tag 3 paused"));
+          EXPECT(strata_resume(trainer, 1) == 0);
+          EXPECT(first.lend() == 1);
+          EXPECT(strata_clear_backup_lender() == 0);
           strata_free(weights, 40 * MiB, 0, on0);
           strata_free(cache, 24 * MiB, 1, on1);
         }) == "");
