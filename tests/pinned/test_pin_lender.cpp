@@ -110,7 +110,8 @@ TEST_CASE("one pinned budget: offload buffers reuse what a resume gave back, and
   CHECK(b.host.unpins() == 0);
   CHECK(b.host.pinned() <= pinned_bytes + 2 * mib);
   // release() of the pinned pool is what unpins: everything, once nothing is out.
-  CHECK(b.pinned.release() == b.host.pinned());
+  const std::size_t held = b.host.pinned();  // read before release(): the operands of == are unsequenced
+  CHECK(b.pinned.release() == held);
   CHECK(b.host.pinned() == 0);
   CHECK(b.host.mismatched_unpins() == 0);
 }
@@ -239,6 +240,8 @@ TEST_CASE("one pinned budget: backup pinned ahead before lending is unpinned the
   CHECK(t.foreign == 0);
   CHECK(pinned.usage().in_use == 0);
   pool.deallocate(block, 4 * mib);
-  CHECK(pinned.release() == host.pinned());
+  const std::size_t held = host.pinned();  // read before release(): the operands of == are unsequenced
+  CHECK(pinned.release() == held);
+  CHECK(host.pinned() == 0);
   CHECK(host.mismatched_unpins() == 0);
 }
