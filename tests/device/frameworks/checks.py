@@ -11,6 +11,7 @@ class Checks:
         self.suite = suite
         self.failed = 0
         self.passed = 0
+        self.skipped = 0
 
     def __call__(self, name, ok, detail=""):
         if ok:
@@ -20,6 +21,12 @@ class Checks:
             self.failed += 1
             print(f"FAIL {self.suite}: {name}" + (f": {detail}" if detail else ""), flush=True)
         return ok
+
+    def skip(self, name, why):
+        """A check this machine cannot make (a feature the installed PyTorch lacks), said as such: neither passed
+        nor failed."""
+        self.skipped += 1
+        print(f"SKIP {self.suite}: {name}: {why}", flush=True)
 
     def raises(self, name, exc_type, fn, must_mention=()):
         try:
@@ -41,7 +48,8 @@ class Checks:
             return None
 
     def finish(self):
-        print(f"{self.suite}: {self.passed} passed, {self.failed} failed", flush=True)
+        skipped = f", {self.skipped} skipped" if self.skipped else ""
+        print(f"{self.suite}: {self.passed} passed, {self.failed} failed{skipped}", flush=True)
         sys.exit(1 if self.failed else 0)
 
 

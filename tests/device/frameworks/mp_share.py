@@ -58,6 +58,17 @@ def warm(torch, device):
     torch.cuda.synchronize(device)
 
 
+def held_figures(torch, dev):
+    """What the device holds beside the shared blocks, for a free-memory check that failed: this process's
+    reserved bytes and, per process, what the driver says each uses (nvidia-smi, where it reports them)."""
+    try:
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        apps = [f"nvidia-smi: {e}"]
+    return {"pid": os.getpid(), "reserved": torch.cuda.memory_reserved(dev), "processes": apps}
+
+
 def fingerprint(t):
     return [t.numel(), float(t.double().sum().item()), float(t.reshape(-1)[0].item()), float(t.reshape(-1)[-1].item())]
 
@@ -163,6 +174,8 @@ def export_to_child(device, child_on_strata):
     free1 = torch.cuda.mem_get_info(dev)[0]
     r["free"] = [free0, free1]
     r["free_back"] = free1 + SLACK >= free0
+    if not r["free_back"]:
+        r["held"] = held_figures(torch, dev)
     inbox.put("exit")
     p.join(timeout=TIMEOUT)
     r["child_exit"] = p.exitcode
@@ -198,6 +211,8 @@ def exporter_child(inbox, outbox, device, mode):
     free1 = torch.cuda.mem_get_info(dev)[0]
     r["free"] = [free0, free1]
     r["free_back"] = free1 + SLACK >= free0
+    if not r["free_back"]:
+        r["held"] = held_figures(torch, dev)
     outbox.put(("done", r))
 
 
