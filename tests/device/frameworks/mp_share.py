@@ -82,9 +82,10 @@ def made_tensors(torch, device, value):
 
 
 def handle_type(reduced):
-    """The type byte of the handle reduce_tensor made ('e' expandable segment, 's' strata's pages, 'c' cudaMalloc)."""
+    """The type byte of the handle reduce_tensor made ('e' expandable segment, 's' strata's pages, 'c' cudaMalloc):
+    the byte after the format's version (2); a handle without the version is a bare cudaIpcMemHandle_t."""
     handle = reduced[1][7]
-    return chr(handle[1]) if len(handle) > 64 else "c"
+    return chr(handle[1]) if len(handle) >= 2 and handle[0] == 2 else "c"
 
 
 # ---- a parent exporting to a spawned child ----------------------------------------------------------------------
@@ -116,6 +117,7 @@ def importer_child(inbox, outbox, device, use_strata):
     outbox.put(open_check_write(torch, inbox, device))
     gc.collect()
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()   # the importer's own temporaries (its checks' copies) are not the shared memory
     outbox.put(("dropped", torch.cuda.memory_allocated(device)))
     inbox.get(timeout=TIMEOUT)
 
@@ -245,6 +247,7 @@ def import_from_child(device, mode):
     r = check_write(torch, outbox, dev)
     gc.collect()
     torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()   # the importer's own temporaries (its checks' copies) are not the shared memory
     inbox.put("dropped")
     kind, child = outbox.get(timeout=TIMEOUT)
     r.update({"child_" + k: v for k, v in child.items()})

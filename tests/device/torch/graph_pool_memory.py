@@ -84,11 +84,15 @@ def child(model_name, mode, allocator, steps, conf):
 
     if training:
         def step(x, y):
+            if mode == "compile-ro":
+                # CUDA graph trees: a new step begins, and the gradients are not kept between steps (a kept
+                # gradient would be an output of the previous replay, which this one overwrites).
+                torch.compiler.cudagraph_mark_step_begin()
             out = net(x)
             loss = loss_fn(out, y)
             loss.backward()
             opt.step()
-            opt.zero_grad(set_to_none=False)
+            opt.zero_grad(set_to_none=(mode == "compile-ro"))
             return loss.detach()
     else:
         def step(x, y):

@@ -204,8 +204,11 @@ def child_budget():
     checks["no backup memory is kept pinned outside the pool (release_backup() finds none)"] = ok_kept
     checks["the tag's contents survive every cycle"] = ok_values
     checks["nothing is pinned after the first cycle"] = stats()["pins"] == pins_after_first
-    checks["the pool holds one backup's worth (+2 MiB), not the backup and the tensors apart"] = (
-        pinned_after_first <= backup + 2 * MiB and stats()["pinned"] == pinned_after_first)
+    # One backup's worth: the backup (its pages rounded up to one 2 MiB page more at most) and the 1 MiB tensor
+    # made while the backup held the pool's pages; the backup and the 48 MiB of offload buffers apart would be
+    # 112 MiB or more.
+    checks["the pool holds one backup's worth (+1 MiB made while asleep, +2 MiB of rounding), not the backup and "
+           "the tensors apart"] = pinned_after_first <= backup + 3 * MiB and stats()["pinned"] == pinned_after_first
     del weights
     try:
         strata_torch.disable_pinned()
