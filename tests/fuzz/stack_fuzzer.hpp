@@ -414,7 +414,7 @@ fuzz_report fuzz_stack(std::string name, Make make, const fuzz_config& cfg)
   // to a new stream, of either device, which may get the destroyed one's handle at once (as CUDA's driver
   // hands it out) and uses and frees them from then on.
   auto replace_stream = [&] {
-    const std::size_t k = rnd.below(streams.size());
+    const std::size_t k = one_stream ? 0 : rnd.below(streams.size());  // a one-stream run retires the stream it uses
     const cuda::stream_ref old = streams[k];
     if (old.get() == cudaStreamLegacy) return;
     std::vector<std::uintptr_t> handed;
