@@ -223,26 +223,20 @@ bool plugin_state::set_backup_lender(const backup_lender& lender)
   if (lender == lender_) return can_sleep;
   // A stack's backup memory goes back to where it came from: switching with some out would hand the old
   // lender's memory to the new one (or unpin memory the stack never pinned).
-  for (int d = 0; d < max_devices; ++d)
-    if (device_slot* s = built_slot(d)) {
-      slot_lock lock(*s);
-      if (const std::size_t out = s->stack->backup_bytes(); out != 0)
-        throw refusal("device " + std::to_string(d) + " holds " + std::to_string(out) +
-                      " bytes of sleep/wake backup (a tag paused with its backup, or memory pinned ahead by "
-                      "strata_reserve_backup): resume the paused tags or call strata_release_backup() first");
-      for (tag_id t = 0; t < max_tags; ++t)
-        if (s->stack->tag_paused(t))
-          throw refusal("device " + std::to_string(d) + " has tag " + std::to_string(t) + " paused: resume it first");
-    }
+  walk_built([](device_slot& s, int d) {
+    if (const std::size_t out = s.stack->backup_bytes(); out != 0)
+      throw refusal("device " + std::to_string(d) + " holds " + std::to_string(out) +
+                    " bytes of sleep/wake backup (a tag paused with its backup, or memory pinned ahead by "
+                    "strata_reserve_backup): resume the paused tags or call strata_release_backup() first");
+    for (tag_id t = 0; t < max_tags; ++t)
+      if (s.stack->tag_paused(t))
+        throw refusal("device " + std::to_string(d) + " has tag " + std::to_string(t) + " paused: resume it first");
+  });
   {
     std::lock_guard config_lock(config_mutex_);  // stacks built from here on borrow from the new lender
     lender_ = lender;
   }
-  for (int d = 0; d < max_devices; ++d)
-    if (device_slot* s = built_slot(d)) {
-      slot_lock lock(*s);
-      (void)s->stack->lend_backup(lent_pins());
-    }
+  walk_built([this](device_slot& s, int) { (void)s.stack->lend_backup(lent_pins()); });
   return can_sleep;
 }
 
@@ -254,12 +248,7 @@ std::vector<std::string> plugin_state::apply_torch_conf(const char* text)
     r = parse_torch_alloc_conf(text != nullptr ? text : "", conf_locked().stack);
     if (r.fraction) torch_fraction_ = r.fraction;
   }
-  if (r.fraction)
-    for (int d = 0; d < max_devices; ++d)
-      if (device_slot* s = built_slot(d)) {
-        slot_lock lock(*s);
-        s->apply_fraction(*r.fraction);
-      }
+  if (r.fraction) walk_built([&](device_slot& s, int) { s.apply_fraction(*r.fraction); });
   return std::move(r.notes);
 }
 

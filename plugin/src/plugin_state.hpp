@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 
 #include <strata_alloc.h>
@@ -164,20 +165,32 @@ public:
   /// The device's slot, built or not, for strata_device_lock's sections. Throws refusal out of range.
   device_slot& any_slot(int device);
 
-  /// f(slot, device) under the lock of the device whose stack owns ptr; false (f not called) where none does.
-  /// O(devices built).
+  /// f(slot, device) for every built slot in device order, each under its lock (the device not made current);
+  /// where f returns bool, false stops the walk. Returns whether f stopped it. O(devices built). Every walk over
+  /// the devices goes through here, so each takes the slots' locks one at a time, in one order.
   template <class F>
-  bool with_owning_slot(const void* ptr, F&& f)
+  bool walk_built(F&& f)
   {
     for (int d = 0; d < max_devices; ++d) {
       device_slot* s = built_slot(d);
       if (s == nullptr) continue;
       slot_lock lock(*s);
-      if (!s->stack->owns(ptr)) continue;
-      f(*s, d);
-      return true;
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, device_slot&, int>>) f(*s, d);
+      else if (!f(*s, d)) return true;
     }
     return false;
+  }
+
+  /// f(slot, device) under the lock of the device whose stack owns ptr; false (f not called) where none does.
+  /// O(devices built).
+  template <class F>
+  bool with_owning_slot(const void* ptr, F&& f)
+  {
+    return walk_built([&](device_slot& s, int d) {
+      if (!s.stack->owns(ptr)) return true;
+      f(s, d);
+      return false;
+    });
   }
 
   /// f(stack) for every device's built stack, each under its lock with the device current; stops at the
@@ -185,13 +198,10 @@ public:
   template <class F>
   void for_each_built(F&& f)
   {
-    for (int d = 0; d < max_devices; ++d) {
-      device_slot* s = built_slot(d);
-      if (s == nullptr) continue;
-      slot_lock lock(*s);
-      device_scope on(*s, d);
-      f(*s->stack);
-    }
+    walk_built([&](device_slot& s, int d) {
+      device_scope on(s, d);
+      f(*s.stack);
+    });
   }
 
   /// strata_configure: refused (std::logic_error) once a stack was built; a bad string throws, nothing changed.
@@ -228,11 +238,9 @@ public:
   template <class F>
   void flush_traces(F&& failed)
   {
-    for (int d = 0; d < max_devices; ++d)
-      if (device_slot* s = built_slot(d)) {
-        slot_lock lock(*s);
-        if (!s->stack->flush_trace()) failed(d);
-      }
+    walk_built([&](device_slot& s, int d) {
+      if (!s.stack->flush_trace()) failed(d);
+    });
   }
 
 private:

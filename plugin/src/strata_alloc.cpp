@@ -5,6 +5,7 @@
 #include <strata_alloc.h>
 
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <span>
 #include <string>
@@ -43,16 +44,47 @@ std::size_t copy_out(const std::string& text, char* buf, std::size_t len) noexce
   return text.size();
 }
 
+/// An allocation of `size` (not 0) on a device, under its lock with the device current: `before(slot)` first
+/// (room in the books that will hold the block, so that it is never lost), then the stack's allocation, then
+/// `after(slot, block)`, which counts what the stack holds now, or, where the stack refused, `refused(slot)`
+/// before the refusal goes on. Every allocating entry point goes through here.
+template <class Before, class After, class Refused>
+void* allocate_on(std::size_t size, int device, cudaStream_t stream, Before&& before, After&& after, Refused&& refused)
+{
+  device_slot& s = state().slot_for(device);
+  slot_lock lock(s);
+  device_scope on(s, device);
+  before(s);
+  void* p = nullptr;
+  try {
+    p = s.allocate(size, stream);
+  } catch (...) {
+    refused(s);
+    throw;
+  }
+  after(s, p);
+  return p;
+}
+
+constexpr auto nothing_first = [](device_slot&) {};
+constexpr auto nothing_on_refusal = [](device_slot&) {};
+/// What every allocation counts: the most the stack has held.
+constexpr auto note_reserved = [](device_slot& s, void*) { s.stats.note_reserved(s.stack->usage().reserved); };
+
+/// empty_cache on one device, its lock held: the stack's idle memory goes back, unless an allocation to a graph
+/// pool is under way there (strata_alloc.h: a capture may be).
+void release_idle(device_slot& s, int device)
+{
+  if (s.routes > 0) return;
+  device_scope on(s, device);
+  s.stack->release();
+}
+
 /// An allocation of `size` on a device, counted; size 0 is null, not an error.
 void* allocate(std::size_t size, int device, cudaStream_t stream)
 {
   if (size == 0) return nullptr;
-  device_slot& s = state().slot_for(device);
-  slot_lock lock(s);
-  device_scope on(s, device);
-  void* p = s.allocate(size, stream);
-  s.stats.note_reserved(s.stack->usage().reserved);
-  return p;
+  return allocate_on(size, device, stream, nothing_first, note_reserved, nothing_on_refusal);
 }
 
 /// The built slot of `device`, or a refusal saying what it means that there is none.
@@ -82,13 +114,7 @@ template <class Pred>
 void require_every_tag_somewhere(std::span<const tag_id> asked, Pred&& on, const char* what)
 {
   for (tag_id t : asked) {
-    bool found = false;
-    for (int d = 0; d < max_devices && !found; ++d) {
-      device_slot* s = state().built_slot(d);
-      if (s == nullptr) continue;
-      slot_lock lock(*s);
-      found = on(*s->stack, t);
-    }
+    const bool found = state().walk_built([&](device_slot& s, int) { return !on(*s.stack, t); });
     if (!found) throw refusal(std::string("tag ") + std::to_string(t) + " " + what + " on any device");
   }
 }
@@ -141,8 +167,15 @@ void strata_init(int /*device_count*/)
 void strata_reset(void)
 {
   c_entry("reset", quietly, [] {
-    for (int d = 0; d < max_devices; ++d)
-      if (state().built_slot(d) != nullptr) (void)strata_reset_device(d);
+    std::exception_ptr last;  // every device is asked; the last failure is the one reported
+    state().walk_built([&](device_slot& s, int d) {
+      try {
+        release_idle(s, d);
+      } catch (...) {
+        last = std::current_exception();
+      }
+    });
+    if (last) std::rethrow_exception(last);
   });
 }
 
@@ -152,9 +185,7 @@ int strata_reset_device(int device)
     device_slot* s = state().built_slot(device);
     if (s == nullptr) return 0;  // nothing built: nothing held
     slot_lock lock(*s);
-    if (s->routes > 0) return 0;  // see strata_alloc.h: a capture may be under way
-    device_scope on(*s, device);
-    s->stack->release();
+    release_idle(*s, device);
     return 0;
   });
 }
@@ -368,23 +399,17 @@ void* strata_malloc_or_throw_observed(size_t size, int device, cudaStream_t stre
       if (out != nullptr) (void)strata_device_figures_get(device, out);
       return nullptr;
     }
-    device_slot& s = state().slot_for(device);
-    slot_lock lock(s);
-    device_scope on(s, device);
-    try {
-      void* p = s.allocate(size, stream);
-      if (out == nullptr) {
-        s.stats.note_reserved(s.stack->usage().reserved);
-        return p;
-      }
-      const stack_reading r = s.stack->read();
-      s.stats.note_reserved(r.usage.reserved);
-      *out = s.figures(r);
-      return p;
-    } catch (...) {
-      if (out != nullptr) *out = s.figures();  // what the refusal left: the out-of-memory message quotes it
-      throw;
-    }
+    return allocate_on(
+        size, device, stream, nothing_first,
+        [&](device_slot& s, void* p) {
+          if (out == nullptr) return note_reserved(s, p);
+          const stack_reading r = s.stack->read();
+          s.stats.note_reserved(r.usage.reserved);
+          *out = s.figures(r);
+        },
+        [&](device_slot& s) {
+          if (out != nullptr) *out = s.figures();  // what the refusal left: the out-of-memory message quotes it
+        });
   });
 }
 
@@ -516,15 +541,15 @@ void* strata_cupy_malloc(void* /*param*/, size_t size, int device)
 {
   return c_entry("cupy_malloc", failing_with<void*>{nullptr}, [&]() -> void* {
     if (size == 0) return nullptr;
-    device_slot& s = state().slot_for(device);
-    slot_lock lock(s);
-    device_scope on(s, device);
     const cudaStream_t stream = cupy_stream;
-    s.cupy.reserve(s.cupy.size() + 1);  // before allocating: the block must never be lost
-    void* p = s.allocate(size, stream);
-    s.stats.note_reserved(s.stack->usage().reserved);
-    s.cupy.emplace(p, cupy_block{size, stream});
-    return p;
+    return allocate_on(
+        size, device, stream,
+        [](device_slot& s) { s.cupy.reserve(s.cupy.size() + 1); },  // before allocating: the block must never be lost
+        [&](device_slot& s, void* p) {
+          note_reserved(s, p);
+          s.cupy.emplace(p, cupy_block{size, stream});
+        },
+        nothing_on_refusal);
   });
 }
 
