@@ -63,6 +63,12 @@ STRATA_ALLOC_API void* strata_base_alloc(void* ptr, size_t* size);              
  * shared with cudaIpcGetMemHandle). -1 with strata_last_error(): ptr lies in a stack's memory but starts no
  * live block, or the driver refused. A driver call per allocation. */
 STRATA_ALLOC_API long strata_share_block(void* ptr, size_t* offset, size_t* mapping_bytes, int* fds, size_t capacity);
+/* Device `peer` may reach the memory of `device`'s stack from now on, what it holds and what it takes later
+ * (PyTorch's enablePeerAccess(peer, device), after cudaDeviceEnablePeerAccess): a page-mapped stack sets each
+ * mapping's access again, a cudaMalloc'd stack needs nothing more. Builds the device's stack if it has none.
+ * 1: granted now; 0: nothing to do (granted before, the same device, or a cudaMalloc'd stack); -1 with
+ * strata_last_error(): a bad device, no peer path between the two, or the driver refused (nothing granted). */
+STRATA_ALLOC_API int strata_grant_peer(int device, int peer);
 
 /* ---- Configuration ------------------------------------------------------------------------------------ */
 STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */
@@ -100,6 +106,7 @@ typedef struct strata_device_figures {
   size_t releasable;                 /* idle bytes empty_cache would hand back (wholly free pages or chunks) */
   unsigned long long page_maps;      /* physical allocations mapped into address ranges so far, relocations included (page-mapped stacks; 0 otherwise) */
   unsigned long long page_unmaps;    /* mappings unmapped so far, stale ranges included (page-mapped stacks; 0 otherwise) */
+  unsigned long long syncs_all_streams; /* releases that first waited for every pending free: empty_cache and the retry after out of memory (memory_stats' num_sync_all_streams) */
 } strata_device_figures;
 /* 0: `out` filled; 1: the device has no stack yet (all zeros); -1: bad device or null out (message set). */
 STRATA_ALLOC_API int strata_device_figures_get(int device, strata_device_figures* out);

@@ -95,6 +95,11 @@ public:
   /// std::logic_error where the pages were made unexportable; nothing stays open after a failure. A driver
   /// call per allocation behind the block.
   virtual shared_block share(const void* p) const = 0;
+  /// Lets device `peer` reach this stack's memory, held now and taken later (PyTorch's enablePeerAccess): page-
+  /// mapped stacks set each mapping's access again (mapped_pool::add_peer); stacks over cudaMalloc'd memory
+  /// need nothing beyond cudaDeviceEnablePeerAccess. false where nothing was to be done. A driver call per
+  /// mapping the first time; errors as mapped_pool::add_peer.
+  virtual bool grant_peer(int peer) = 0;
   /// Sleep and wake by tag (docs/sleep_wake.md): pause first gives back every block held for recorded uses
   /// (waiting for them), as release() does. std::logic_error where the stack's policy has no tags.
   virtual void pause(std::span<const tag_id> tags, bool backup) = 0;
@@ -221,6 +226,12 @@ public:
     } else {
       return {};
     }
+  }
+
+  bool grant_peer(int peer) override
+  {
+    if constexpr (requires { inner().policy().add_peer(peer); }) return inner().policy().add_peer(peer);
+    else return false;
   }
 
   std::string snapshot_json() const override

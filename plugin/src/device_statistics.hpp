@@ -102,6 +102,7 @@ struct stack_figures {
   std::uint64_t device_frees = 0;
   std::uint64_t alloc_retries = 0;  ///< allocations retried after releasing idle memory, since built
   std::uint64_t ooms = 0;           ///< allocations refused as out of memory, since built
+  std::uint64_t syncs_all_streams = 0;  ///< releases that waited for every pending free, since built
   std::size_t releasable = 0;       ///< idle bytes a release would hand back (free pages, wholly free chunks)
 };
 
@@ -113,7 +114,7 @@ public:
   stat_array allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
   std::int64_t num_alloc_retries = 0;  ///< observed: the stack counts them
   std::int64_t num_ooms = 0;           ///< observed: the stack counts them
-  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_sync_all_streams = 0;  ///< observed: the slot counts them
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
 
@@ -170,6 +171,7 @@ public:
     num_device_free = static_cast<std::int64_t>(f.device_frees - base_.device_frees);
     num_alloc_retries = static_cast<std::int64_t>(f.alloc_retries - base_.alloc_retries);
     num_ooms = static_cast<std::int64_t>(f.ooms - base_.ooms);
+    num_sync_all_streams = static_cast<std::int64_t>(f.syncs_all_streams - base_.syncs_all_streams);
   }
 
   /// After blocks changed wholesale (a graph pool's checkpoint restored): the live figures recounted from

@@ -23,6 +23,7 @@ inline stack_figures figures_of(const strata_device_figures& f)
           .device_frees = f.device_frees,
           .alloc_retries = f.alloc_retries,
           .ooms = f.ooms,
+          .syncs_all_streams = f.syncs_all_streams,
           .releasable = f.releasable};
 }
 

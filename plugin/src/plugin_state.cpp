@@ -67,6 +67,7 @@ void* device_slot::allocate(std::size_t size, cudaStream_t stream)
     }
     ++stats.num_alloc_retries;
     stack->release();
+    ++stats.syncs_all_streams;
     try {
       p = stack->allocate(size, stream);
     } catch (const std::bad_alloc&) {

@@ -23,6 +23,7 @@ std::string stats_json(const stats_reading& r, const std::string& stack_name)
   out["segment.all.current"] = u.chunks;
   out["num_alloc_retries"] = st.num_alloc_retries;
   out["num_ooms"] = st.num_ooms;
+  out["num_sync_all_streams"] = st.syncs_all_streams;
   out["strata.fragmentation"] = u.fragmentation();
   out["strata.largest_free"] = u.largest_free;
   out["strata.in_use_bytes"] = u.in_use;
@@ -65,7 +66,8 @@ strata_device_figures device_figures_of(const stack_reading& r, const slot_stati
           .ooms = counts.num_ooms,
           .releasable = r.releasable,
           .page_maps = r.page_maps,
-          .page_unmaps = r.page_unmaps};
+          .page_unmaps = r.page_unmaps,
+          .syncs_all_streams = counts.syncs_all_streams};
 }
 
 } // namespace strata::plugin

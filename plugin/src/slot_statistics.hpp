@@ -23,6 +23,9 @@ struct slot_statistics {
   std::size_t reserved_peak = 0;
   std::uint64_t allocations_current = 0, allocations_peak = 0, allocations_total = 0, frees_total = 0;
   std::uint64_t num_ooms = 0, num_alloc_retries = 0;
+  /// Releases that waited for every pending free first (empty_cache, the retry after out of memory): PyTorch's
+  /// num_sync_all_streams, its count of synchronize_and_free_events.
+  std::uint64_t syncs_all_streams = 0;
 
   /// Counts an allocation; the reserved peak is the caller's (note_reserved), from whichever read of the
   /// stack it makes anyway.

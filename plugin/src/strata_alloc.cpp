@@ -78,6 +78,7 @@ void release_idle(device_slot& s, int device)
   if (s.routes > 0) return;
   device_scope on(s, device);
   s.stack->release();
+  ++s.stats.syncs_all_streams;
 }
 
 /// An allocation of `size` on a device, counted; size 0 is null, not an error.
@@ -242,6 +243,18 @@ long strata_share_block(void* ptr, size_t* offset, size_t* mapping_bytes, int* f
       }
     });
     return n;
+  });
+}
+
+int strata_grant_peer(int device, int peer)
+{
+  return c_entry("grant_peer", failing_with<int>{-1}, [&] {
+    if (peer < 0 || peer >= max_devices) throw std::invalid_argument("peer device " + std::to_string(peer) + " is out of range");
+    if (peer == device) return 0;
+    device_slot& s = state().slot_for(device);
+    slot_lock lock(s);
+    device_scope on(s, device);
+    return s.stack->grant_peer(peer) ? 1 : 0;
   });
 }
 

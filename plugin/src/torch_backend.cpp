@@ -639,8 +639,11 @@ public:
     const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
     if (status == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
     else C10_CUDA_CHECK(status);
-    // strata's page-mapped memory grants peers access when its stack is built (peers= in the configuration);
-    // copies between devices use cudaMemcpyPeerAsync (memcpyAsync below), which needs no grant.
+    // Page-mapped memory is reachable only from the devices each mapping's access names: PyTorch asks this
+    // before a kernel on `dev` reads `dev_to_access`'s memory (a copy that is not a plain memcpy), so that
+    // device's stack grants `dev` on what it holds and on all it maps later.
+    TORCH_CHECK(strata_grant_peer(dev_to_access, dev) >= 0, "strata: enablePeerAccess(", static_cast<int>(dev), ", ",
+                static_cast<int>(dev_to_access), "): ", strata_last_error());
   }
 
   cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count, cudaStream_t stream,

@@ -307,6 +307,48 @@ TEST_CASE("C API: empty_cache (strata_reset) hands idle memory back")
         }) == "");
 }
 
+TEST_CASE("C API: each empty_cache and each retry after out of memory counts one wait for every pending free")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=64MiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          void* p = strata_malloc(8 * MiB, 0, a);
+          EXPECT(stat(0, "num_sync_all_streams") == 0);
+          strata_free(p, 8 * MiB, 0, a);
+          strata_reset();
+          EXPECT(stat(0, "num_sync_all_streams") == 1);
+          EXPECT(strata_reset_device(0) == 0);
+          EXPECT(stat(0, "num_sync_all_streams") == 2);
+          EXPECT(strata_malloc(128 * MiB, 0, a) == nullptr);  // released idle memory and retried: one more
+          EXPECT(stat(0, "num_alloc_retries") == 1);
+          EXPECT(stat(0, "num_sync_all_streams") == 3);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.syncs_all_streams == 3);
+        }) == "");
+}
+
+TEST_CASE("C API: grant_peer lets a peer reach a page-mapped stack's memory once; bad devices are named")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t s = strata_sim_stream_create(0);
+          void* p = strata_malloc(3 * MiB, 0, s);
+          EXPECT(p != nullptr);
+          EXPECT(strata_grant_peer(0, 1) == 1);
+          EXPECT(strata_grant_peer(0, 1) == 0);  // granted already
+          EXPECT(strata_grant_peer(0, 0) == 0);  // its own device
+          EXPECT(strata_grant_peer(0, -1) == -1);
+          EXPECT(mentions("peer device -1"));
+          EXPECT(strata_grant_peer(4096, 0) == -1);
+          EXPECT(mentions("device 4096"));
+          void* q = strata_malloc(64 * MiB, 0, s);  // memory mapped after the grant
+          EXPECT(q != nullptr);
+          strata_free(q, 64 * MiB, 0, s);
+          strata_free(p, 3 * MiB, 0, s);
+        }) == "");
+}
+
 TEST_CASE("C API: out of memory is null, counted, and the process keeps working")
 {
   CHECK(in_child([](expectations& ex) {

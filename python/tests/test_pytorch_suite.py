@@ -21,6 +21,7 @@ def _load(name):
 
 
 compare = _load("compare")
+missing_names = _load("missing_names")
 try:
     import pytest  # noqa: F401
     HAVE_PYTEST = True
@@ -219,6 +220,34 @@ class Verdict(Files):
     def test_the_known_exceptions_file_reads(self):
         for e in compare.read_exceptions(os.path.join(SUITE, "known_exceptions.txt")):
             self.assertTrue(e.reason)
+
+
+class MissingNames(unittest.TestCase):
+    """Names a judged test file imports that the installed PyTorch dropped (Note [Test files from another
+    PyTorch]), over stand-in modules."""
+
+    def setUp(self):
+        import types
+        self.module = types.ModuleType("stand_in_helpers")
+        self.module.KEPT = "installed"
+        sys.modules["stand_in_helpers"] = self.module
+        self.addCleanup(sys.modules.pop, "stand_in_helpers", None)
+
+    def test_a_missing_name_is_set_and_one_present_is_left_alone(self):
+        names = (("stand_in_helpers", "DROPPED", lambda: 42), ("stand_in_helpers", "KEPT", lambda: "replaced"))
+        self.assertEqual(missing_names.provide_missing_names(names), ["stand_in_helpers.DROPPED"])
+        self.assertEqual(self.module.DROPPED, 42)
+        self.assertEqual(self.module.KEPT, "installed")
+        self.assertEqual(missing_names.provide_missing_names(names), [])  # set once, then present
+
+    def test_a_module_that_cannot_be_imported_is_skipped(self):
+        names = (("no_such_module_of_pytorch", "X", lambda: 1), ("stand_in_helpers", "Y", lambda: 2))
+        self.assertEqual(missing_names.provide_missing_names(names), ["stand_in_helpers.Y"])
+
+    def test_the_listed_names_are_torch_testing_modules(self):
+        for module, name, value in missing_names.MISSING_NAMES:
+            self.assertTrue(module.startswith("torch.testing._internal."), module)
+            self.assertTrue(name.isupper() and callable(value), name)
 
 
 @unittest.skipUnless(HAVE_PYTEST, "pytest is not installed here: the plug-in runs only inside pytest")

@@ -305,6 +305,35 @@ TEST_CASE("peer access through each pool kind: a kernel on one device reads and 
   }
   CHECK(cudaGetLastError() == cudaSuccess);
 }
+TEST_CASE("mapped_pool::add_peer after the fact: the peer reaches blocks mapped before the grant and after it")
+{
+  if (!have_two_devices()) return;
+  keep_current_device keep;
+  for (const auto [owner, peer] : {std::pair{0, 1}, std::pair{1, 0}}) {
+    CAPTURE(owner);
+    CAPTURE(peer);
+    make_current(owner);
+    default_pool pool = make_default_pool({.device = owner, .max_fraction = 0.5});
+    if (!can_access(peer, owner)) {
+      CHECK_THROWS_AS(pool.policy().add_peer(peer), peer_access_error);
+      CHECK_FALSE(pool.policy().backend().grants(peer));
+      continue;
+    }
+    void* before = pool.allocate(6 * mib);  // mapped for the owner alone
+    CHECK(pool.policy().add_peer(peer));
+    CHECK_FALSE(pool.policy().add_peer(peer));
+    make_current(peer);
+    fill(before, 6 * mib, 500);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    make_current(owner);
+    CHECK(mismatches(before, 6 * mib, 500) == 0);
+    pool.deallocate(before, 6 * mib);
+    peer_round_trip(pool, owner, peer, 40 * mib, 600);  // new mappings name the peer too
+    pool.release();
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE("sleep_wake with a peer: after resume the peer reads and writes a tag's blocks, contents identical on both devices")
 {
   if (!have_two_devices()) return;

@@ -917,3 +917,49 @@ TEST_CASE("mapped_pool: randomized, blocks over several small allocations stay u
   pool.release();
   CHECK(pool.backend().bytes_alive() == 0);
 }
+
+TEST_CASE("mapped_pool::add_peer grants a peer every mapping held now (stale ranges and tags' too) and every later one")
+{
+  pool_t pool{simulated_pages{}, {.small_limit = mib, .min_mapping = 0, .relocate_idle = true}};
+  // A live block, a relocation's stale range, and a tag's mapping: everything the pool maps.
+  void* keep = pool.allocate(8 * mib);
+  void* a = pool.allocate(8 * mib);
+  void* fence = pool.allocate(2 * mib);
+  pool.deallocate(a, 8 * mib);
+  void* moved = pool.allocate(16 * mib);
+  REQUIRE(pool.stale_bytes() == 8 * mib);
+  void* tagged = pool.allocate_tagged(1, 4 * mib);
+  const auto granted = [&](void* p, std::size_t bytes, std::size_t devices) {
+    for (std::size_t off = 0; off < bytes; off += page)
+      if (pool.backend().granted_devices(reinterpret_cast<std::uintptr_t>(p) + off) != devices) return false;
+    return true;
+  };
+  REQUIRE(granted(keep, 8 * mib, 1));
+  REQUIRE(granted(a, 8 * mib, 1));  // the stale range where a's memory was mapped first
+  REQUIRE(granted(tagged, 4 * mib, 1));
+
+  // A failure part way leaves the peer off the list, so a second call grants everything.
+  const std::uint64_t calls = pool.page_calls().access_calls;
+  pool.backend().fail_after(op::set_access, 1);
+  CHECK_THROWS_AS(pool.add_peer(1), std::runtime_error);
+  CHECK_FALSE(pool.backend().grants(1));
+  CHECK(pool.add_peer(1));
+  CHECK(pool.backend().grants(1));
+  CHECK(pool.page_calls().access_calls > calls + 1);
+  for (auto [p, bytes] : {std::pair{keep, 8 * mib}, {a, 8 * mib}, {moved, 16 * mib}, {fence, 2 * mib}, {tagged, 4 * mib}})
+    CHECK(granted(p, bytes, 2));
+
+  // Granted once: a second call changes nothing; the pool's own device is never a peer.
+  const std::uint64_t after = pool.page_calls().access_calls;
+  CHECK_FALSE(pool.add_peer(1));
+  CHECK_FALSE(pool.add_peer(0));
+  CHECK(pool.page_calls().access_calls == after);
+
+  // Later mappings name the peer too.
+  void* later = pool.allocate(64 * mib);
+  CHECK(granted(later, 64 * mib, 2));
+  for (auto [p, bytes] : {std::pair{keep, 8 * mib}, {moved, 16 * mib}, {fence, 2 * mib}, {tagged, 4 * mib}, {later, 64 * mib}})
+    pool.deallocate(p, bytes);
+  pool.release();
+  CHECK(pool.backend().bytes_alive() == 0);
+}

@@ -198,6 +198,36 @@ public:
   std::size_t page_size() const noexcept { return page_size_; }
   int device() const noexcept { return device_; }
 
+  /// Adds `peer` to the devices each later set_access grants (what `peers` does at construction); existing
+  /// mappings need set_access again (mapped_pool::add_peer does that). false, nothing changed, for this device
+  /// or a peer granted already. peer_access_error (a std::invalid_argument) where the devices have no peer
+  /// path; std::invalid_argument past max_devices. O(devices), a driver query.
+  bool add_peer(int peer)
+  {
+    if (grants(peer)) return false;
+    if (devices_ == max_devices) throw std::invalid_argument("driver_pages: more than 32 devices");
+    detail::check_peer_path("driver_pages", device_, peer);
+    access_[devices_++] = detail::access_for(peer);
+    return true;
+  }
+  /// Takes a peer off the list add_peer put it on (never this device). O(devices).
+  void remove_peer(int peer) noexcept
+  {
+    for (std::size_t i = 1; i < devices_; ++i)
+      if (access_[i].location.id == peer) {
+        for (std::size_t j = i + 1; j < devices_; ++j) access_[j - 1] = access_[j];
+        --devices_;
+        return;
+      }
+  }
+  /// Whether set_access grants `device` (this one, or a peer).
+  bool grants(int device) const noexcept
+  {
+    for (std::size_t i = 0; i < devices_; ++i)
+      if (access_[i].location.id == device) return true;
+    return false;
+  }
+
   std::uintptr_t reserve(std::size_t bytes, std::size_t alignment)
   {
     CUdeviceptr address = 0;

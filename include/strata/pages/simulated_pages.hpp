@@ -53,6 +53,7 @@ public:
       ranges_ = std::exchange(other.ranges_, {});
       mappings_ = std::exchange(other.mappings_, {});
       granules_ = std::exchange(other.granules_, {});
+      peers_ = std::exchange(other.peers_, {});
       pages_ = std::exchange(other.pages_, {});
       live_bytes_ = std::exchange(other.live_bytes_, 0);
       peak_bytes_ = std::exchange(other.peak_bytes_, 0);
@@ -70,6 +71,17 @@ public:
   ~simulated_pages() { unreserve_all(); }
 
   std::size_t page_size() const noexcept { return page_size_; }
+
+  /// driver_pages' peer list, for the host tests: set_access grants every device on it (see granted_devices).
+  /// false for device 0 (this simulated device) or a peer present already. O(peers).
+  bool add_peer(int peer)
+  {
+    if (grants(peer)) return false;
+    peers_.push_back(peer);
+    return true;
+  }
+  void remove_peer(int peer) noexcept { std::erase(peers_, peer); }
+  bool grants(int device) const noexcept { return device == 0 || std::find(peers_.begin(), peers_.end(), device) != peers_.end(); }
 
   std::uintptr_t reserve(std::size_t bytes, std::size_t alignment)
   {
@@ -136,7 +148,7 @@ public:
     mappings_.emplace(address, p);
     std::uintptr_t a = address;
     try {
-      for (; a < address + bytes; a += page_size_) granules_.emplace(a, false);
+      for (; a < address + bytes; a += page_size_) granules_.emplace(a, 0);
     } catch (...) {  // all or nothing, as the driver's call is
       for (std::uintptr_t g = address; g < a; g += page_size_) granules_.erase(g);
       mappings_.erase(address);
@@ -153,7 +165,8 @@ public:
       throw std::logic_error("simulated_pages: set_access off page boundaries");
     for (std::uintptr_t a = address; a < address + bytes; a += page_size_)
       if (granules_.count(a) == 0) throw std::logic_error("simulated_pages: set_access over unmapped memory");
-    for (std::uintptr_t a = address; a < address + bytes; a += page_size_) granules_[a] = true;
+    const auto devices = static_cast<std::uint32_t>(1 + peers_.size());
+    for (std::uintptr_t a = address; a < address + bytes; a += page_size_) granules_[a] = devices;
     ++counts_.access_calls;
   }
 
@@ -230,13 +243,20 @@ public:
     }, false);
   }
   std::size_t pinned_bytes() const noexcept { return pinned_bytes_; }
+  /// How many devices the last set_access over the page holding `address` granted (this one and the peers
+  /// then listed); 0 for a page not mapped or not yet accessible.
+  std::size_t granted_devices(std::uintptr_t address) const
+  {
+    const auto it = granules_.find(address / page_size_ * page_size_);
+    return it == granules_.end() ? 0 : it->second;
+  }
   /// True when every page touching [address, address + bytes) is mapped and accessible.
   bool is_usable(std::uintptr_t address, std::size_t bytes) const
   {
     if (bytes == 0) return true;
     for (std::uintptr_t a = address / page_size_ * page_size_; a < address + bytes; a += page_size_) {
       const auto it = granules_.find(a);
-      if (it == granules_.end() || !it->second) return false;
+      if (it == granules_.end() || it->second == 0) return false;
     }
     return true;
   }
@@ -319,7 +339,8 @@ private:
   std::size_t capacity_ = SIZE_MAX;
   std::map<std::uintptr_t, range> ranges_;
   std::map<std::uintptr_t, page> mappings_;                ///< where each mapping starts
-  std::unordered_map<std::uintptr_t, bool> granules_;      ///< every mapped page: accessible yet?
+  std::unordered_map<std::uintptr_t, std::uint32_t> granules_;  ///< every mapped page: devices granted (0: not accessible yet)
+  std::vector<int> peers_;                                       ///< add_peer's devices
   std::unordered_map<page, allocation> pages_;             ///< live allocations, mapped or not
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;

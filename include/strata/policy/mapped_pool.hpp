@@ -209,6 +209,31 @@ public:
     return {};
   }
 
+  /// Lets device `peer` reach this pool's memory: everything mapped now and everything mapped later (PyTorch's
+  /// enablePeerAccess asks this before a kernel on one device reads another's memory; a cudaMalloc'd pointer
+  /// needs only cudaDeviceEnablePeerAccess, page-mapped memory needs each mapping's access set). false, with
+  /// nothing done, for the pool's own device or a peer granted already. For a backend that keeps a peer list
+  /// (driver_pages, simulated_pages). Errors as the backend's add_peer and set_access: a failure takes the peer
+  /// off the list again and rethrows (mappings granted before it stay reachable from the peer, which changes
+  /// nothing for the pool). A backend call per mapping; no device wait.
+  bool add_peer(int peer)
+    requires requires(Backend& b) {
+      { b.add_peer(peer) } -> std::same_as<bool>;
+      b.remove_peer(peer);
+    }
+  {
+    if (!backend_.add_peer(peer)) return false;
+    try {
+      core_.reapply_access();
+      for (auto& e : tags_)
+        if (e.pool != nullptr) e.pool->reapply_access();
+    } catch (...) {
+      backend_.remove_peer(peer);
+      throw;
+    }
+    return true;
+  }
+
   // ---- Tags: sleep and wake (docs/sleep_wake.md).
 
   /// Physical memory, live bytes and whether it sleeps, per tag (0 and false for a tag never used).

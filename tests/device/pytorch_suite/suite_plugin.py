@@ -12,12 +12,17 @@ Options:
   --suite-expect-strata  stop before any test unless strata_torch.enable() made strata PyTorch's allocator
                          in this process (sitecustomize.py does it); a run meant for strata never passes
                          silently on PyTorch's allocator
+
+Before collection it gives the installed PyTorch's testing helpers the names the judged files import and
+that PyTorch no longer has (missing_names.py: Note [Test files from another PyTorch]).
 """
 
 import json
 import time
 
 import pytest
+
+from missing_names import provide_missing_names
 
 _OUTCOME_ORDER = {"passed": 0, "xfailed": 1, "skipped": 2, "failed": 3, "error": 4}
 
@@ -61,6 +66,9 @@ def pytest_configure(config):
         if backend != "strata":
             pytest.exit(f"strata suite: strata is not PyTorch's allocator backend in this process (backend: "
                         f"{backend!r}); the run under strata would test PyTorch's own allocator", returncode=3)
+    provided = provide_missing_names()  # missing_names.py: Note [Test files from another PyTorch]
+    if provided:
+        print(f"strata suite: provided for test files from another PyTorch: {', '.join(provided)}")
     config.pluginmanager.register(_Suite(config), "strata_suite")
 
 

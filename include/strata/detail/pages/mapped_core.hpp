@@ -316,6 +316,9 @@ public:
     return out;
   }
 
+  /// Access set again over everything mapped, with the backend's devices as they are now (page_mappings).
+  void reapply_access() { maps().reapply_access(); }
+
   Backend& backend() noexcept { return maps().backend(); }
   const Backend& backend() const noexcept { return maps().backend(); }
   const options& settings() const noexcept { return opts_; }

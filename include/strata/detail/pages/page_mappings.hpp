@@ -122,6 +122,17 @@ public:
     std::sort(out.begin(), out.end(), [](const mapped_range& a, const mapped_range& b) { return a.offset < b.offset; });
     return out;
   }
+  /// Sets access again, with the backend's devices as they are now, over everything mapped: each live
+  /// allocation where it is mapped and each stale range still mapped (work queued before a relocation may use
+  /// one). What granting a peer after the fact takes (mapped_pool::add_peer). A backend call per mapping;
+  /// changes nothing of these books, and a failure leaves the mappings passed so far granted.
+  void reapply_access()
+  {
+    for (const mapping& m : s_.mappings)
+      if (m.count != 0) backend_.set_access(address_of(s_.ranges[m.band], m.first), bytes_of(m));
+    for (const stale_range& g : s_.stale)
+      if (!g.unmapped) backend_.set_access(address_of(s_.ranges[g.band], g.first), g.count << page_shift_);
+  }
   /// Per-page entries naming the mapping behind a page written so far (the page table counts the live counts
   /// it writes): what a mapping's size would cost if page state were kept page by page.
   std::uint64_t page_state_updates() const noexcept { return s_.page_state_updates; }
