@@ -2,6 +2,7 @@
 #include "plugin_state.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -101,7 +102,9 @@ strata_device_figures device_slot::figures() const noexcept { return figures(sta
 
 bool device_slot::apply_fraction(double fraction) noexcept
 {
-  const auto wanted = static_cast<std::size_t>(fraction * static_cast<double>(device_memory));
+  // Rounded to the nearest byte, as PyTorch's allowed maximum is: a fraction computed as bytes / total gives
+  // back exactly those bytes.
+  const auto wanted = static_cast<std::size_t>(std::llround(fraction * static_cast<double>(device_memory)));
   cap = std::min(wanted, pool_cap);
   stack->set_reserved_cap(cap);  // the fraction caps what strata holds, as limit= does
   return wanted > pool_cap;

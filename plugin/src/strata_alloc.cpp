@@ -205,8 +205,8 @@ void strata_record_stream_on(int device, void* ptr, cudaStream_t stream)
 void strata_set_memory_fraction(double fraction, int device)
 {
   c_entry("set_memory_fraction", quietly, [&] {
-    if (!(fraction > 0.0 && fraction <= 1.0))
-      throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in (0, 1]");
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+      throw std::invalid_argument("fraction " + std::to_string(fraction) + " is not in [0, 1]");
     device_slot& s = state().slot_for(device);
     slot_lock lock(s);
     if (s.apply_fraction(fraction))  // applied, capped: a note, not a failure

@@ -75,21 +75,24 @@ static_assert(static_cast<std::size_t>(c10::CachingAllocator::StatType::NUM_TYPE
 
 static_assert(sizeof(cudaIpcMemHandle_t) == strata::plugin::decoded_handle::cuda_handle_bytes);
 
-/// Bytes as PyTorch's messages write them ("20.00 MiB"). snprintf, not an ostream: where the toolchain links
-/// the C++ library statically into each shared object, a floating-point ostream insertion here may resolve to
-/// another object's copy, whose locale this one never set up.
+/// Bytes as PyTorch's messages write them (c10's format_size: "20.00 MiB", never a unit above GiB, each unit
+/// up to and including its own size), so a message matched against PyTorch's matches strata's. snprintf, not an
+/// ostream: where the toolchain links the C++ library statically into each shared object, a floating-point
+/// ostream insertion here may resolve to another object's copy, whose locale this one never set up.
 std::string bytes_text(std::size_t bytes)
 {
-  if (bytes < 1024) return std::to_string(bytes) + " bytes";
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes) / 1024.0;
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(units)) {
-    value /= 1024.0;
-    ++unit;
+  if (bytes <= 1024) return std::to_string(bytes) + " bytes";
+  const char* unit = "GiB";
+  double value = static_cast<double>(bytes) / 1073741824.0;
+  if (bytes <= 1048576) {
+    unit = "KiB";
+    value = static_cast<double>(bytes) / 1024.0;
+  } else if (bytes <= 1073741824ULL) {
+    unit = "MiB";
+    value = static_cast<double>(bytes) / 1048576.0;
   }
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f %s", value, units[unit]);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s", value, unit);
   return buf;
 }
 
@@ -306,7 +309,7 @@ public:
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override
   {
-    TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "strata: memory fraction ", std::to_string(fraction), " is not in (0, 1]");
+    TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "strata: memory fraction ", std::to_string(fraction), " is not in [0, 1]");
     (void)view(device);
     strata_report_error("");  // so that only this call's message is read below
     strata_set_memory_fraction(fraction, device);

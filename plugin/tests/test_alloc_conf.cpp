@@ -302,8 +302,9 @@ TEST_CASE("PyTorch's allocator settings: what strata cannot honour is refused, n
   CHECK(torch_refusal("garbage_collection_threshold:0.6").find("reclaim=high_water") != std::string::npos);
   CHECK(torch_refusal("max_split_size_mb:128", stack_kind::coalescing).find("max_split_size_mb:128") != std::string::npos);
   CHECK(torch_refusal("backend:cudaMallocAsync").find("backend:cudaMallocAsync") != std::string::npos);
-  CHECK(torch_refusal("per_process_memory_fraction:1.5").find("expected a fraction in (0, 1]") != std::string::npos);
-  CHECK(torch_refusal("per_process_memory_fraction:0").find("expected a fraction") != std::string::npos);
+  CHECK(torch_refusal("per_process_memory_fraction:1.5").find("expected a fraction in [0, 1]") != std::string::npos);
+  CHECK(torch_refusal("per_process_memory_fraction:-0.1").find("expected a fraction") != std::string::npos);
+  CHECK(torch_refusal("per_process_memory_fraction:0").empty());  // PyTorch's limiting case: nothing may be held
   CHECK(torch_refusal("expandable_segments:maybe").find("expected True or False") != std::string::npos);
   CHECK(torch_refusal("no_such_key:1").find("unknown key 'no_such_key'") != std::string::npos);
   CHECK(torch_refusal("max_split_size_mb").find("is not key:value") != std::string::npos);

@@ -587,6 +587,34 @@ TEST_CASE("C API: a fraction lowered below what the stack holds refuses growth; 
         }) == "");
 }
 
+TEST_CASE("C API: a fraction of 0 refuses every allocation; a fraction of bytes over the total caps at exactly those bytes")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          strata_set_memory_fraction(0.0, 0);
+          EXPECT(std::string(strata_last_error()).find("[0, 1]") == std::string::npos);
+          EXPECT(strata_malloc(MiB, 0, a) == nullptr);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 0);
+          strata_set_memory_fraction(-0.5, 0);
+          EXPECT(mentions("[0, 1]"));
+          // A fraction computed as bytes / total (PyTorch's tests do so) gives back exactly those bytes, where
+          // truncating the product would fall a byte short of them.
+          const std::size_t total = f.device_memory;
+          for (std::size_t bytes : {238 * MiB, 120 * MiB + 118 * MiB + 1, 3 * MiB + 7}) {
+            strata_set_memory_fraction(static_cast<double>(bytes) / static_cast<double>(total), 0);
+            EXPECT(strata_device_figures_get(0, &f) == 0);
+            EXPECT(f.limit == bytes);
+          }
+          strata_set_memory_fraction(1.0, 0);
+          void* p = strata_malloc(MiB, 0, a);
+          EXPECT(p != nullptr);
+          strata_free(p, MiB, 0, a);
+        }) == "");
+}
+
 TEST_CASE("C API: PyTorch's per_process_memory_fraction caps what the stack holds; settings without effect are said")
 {
   CHECK(in_child([](expectations& ex) {
