@@ -69,6 +69,10 @@ STRATA_ALLOC_API long strata_share_block(void* ptr, size_t* offset, size_t* mapp
  * 1: granted now; 0: nothing to do (granted before, the same device, or a cudaMalloc'd stack); -1 with
  * strata_last_error(): a bad device, no peer path between the two, or the driver refused (nothing granted). */
 STRATA_ALLOC_API int strata_grant_peer(int device, int peer);
+/* Builds the device's stack now, as its first allocation would (the configuration and PyTorch's fraction
+ * apply): what asking the device's cap before any tensor needs. 0 (also when built before), or -1 with
+ * strata_last_error(): a bad device, or the stack cannot be built there. */
+STRATA_ALLOC_API int strata_device_prepare(int device);
 
 /* ---- Configuration ------------------------------------------------------------------------------------ */
 STRATA_ALLOC_API int strata_configure(const char* conf);   /* 0 ok; nonzero: bad string, or refused once a stack was built */

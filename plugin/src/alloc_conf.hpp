@@ -352,7 +352,7 @@ inline torch_conf_reading parse_torch_alloc_conf(std::string_view text, stack_ki
     const std::string_view value = trim(entry.substr(colon + 1));
     if (key == "per_process_memory_fraction") {
       const auto f = detail_conf::parse_double(value);
-      if (!f || !(*f >= 0.0 && *f <= 1.0)) refuse(key, value, "expected a fraction in [0, 1]");
+      if (!f || !(*f >= 0.0 && *f <= 1.0)) refuse(key, value, "per_process_memory_fraction is invalid: expected a fraction in [0, 1]");
       out.fraction = *f;
     } else if (key == "backend") {
       if (value != "native")

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,6 +57,8 @@ struct trace_record {
   pool_id pool{};
   std::uint64_t time = 0;  ///< the caller's clock
   Context context{};
+  /// What the user named the program's phase when this happened (PyTorch's _set_memory_metadata); null: none.
+  std::shared_ptr<const std::string> user_metadata{};
 };
 
 /// The recording switch and the trace ring of one device. Models: PyTorch's recordHistory (enabled, context

@@ -246,6 +246,14 @@ long strata_share_block(void* ptr, size_t* offset, size_t* mapping_bytes, int* f
   });
 }
 
+int strata_device_prepare(int device)
+{
+  return c_entry("device_prepare", failing_with<int>{-1}, [&] {
+    (void)state().slot_for(device);
+    return 0;
+  });
+}
+
 int strata_grant_peer(int device, int peer)
 {
   return c_entry("grant_peer", failing_with<int>{-1}, [&] {

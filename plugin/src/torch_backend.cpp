@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -303,6 +304,9 @@ public:
 
   double getMemoryFraction(c10::DeviceIndex device) override
   {
+    // The cap is known once the device's stack is built (PYTORCH_CUDA_ALLOC_CONF's fraction applies then):
+    // asked first, as a process may before its first tensor, it builds the stack as that tensor would.
+    TORCH_CHECK(strata_device_prepare(device) == 0, "strata: ", strata_last_error());
     const strata_device_figures f = figures(device);
     if (f.device_memory == 0 || f.limit == SIZE_MAX) return 1.0;
     return static_cast<double>(f.limit) / static_cast<double>(f.device_memory);
@@ -598,6 +602,24 @@ public:
       if (!first) opened_.insert(handle, mine);
     }
     return first ? first : mine;  // an unused mapping of ours goes here, outside the lock its deleter takes
+  }
+
+  // PyTorch's _set_memory_metadata: a name for what the program does now, carried by each history event.
+  void setUserMetadata(const std::string& metadata) override
+  {
+    auto named = metadata.empty() ? nullptr : std::make_shared<const std::string>(metadata);
+    std::lock_guard lock(metadata_mutex_);
+    user_metadata_ = std::move(named);
+  }
+  std::string getUserMetadata() override
+  {
+    const auto named = user_metadata();
+    return named ? *named : std::string();
+  }
+  std::shared_ptr<const std::string> user_metadata() const
+  {
+    std::lock_guard lock(metadata_mutex_);
+    return user_metadata_;
   }
 
   bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_acquire); }
@@ -1007,6 +1029,9 @@ private:
 
   void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
   {
+    // PyTorch's own bound and words, before anything is counted: no device holds an exabyte.
+    constexpr size_t one_exabyte = size_t{1} << 60;
+    TORCH_CHECK_WITH(OutOfMemoryError, size < one_exabyte, "CUDA out of memory. Tried to allocate more than 1EB memory.");
     context_ptr context;
     if (when_.load(std::memory_order_acquire) != static_cast<int>(alloc::RecordContext::NEVER)) context = gather();
     device_view& v = view(device);
@@ -1143,7 +1168,7 @@ private:
     if (!v.history.enabled() && !tracked) return;
     const std::uint64_t time = now_us();
     if (v.history.enabled())
-      v.history.record({action, reinterpret_cast<std::uintptr_t>(address), size, stream, pool, time, context});
+      v.history.record({action, reinterpret_cast<std::uintptr_t>(address), size, stream, pool, time, context, user_metadata()});
     if (tracked) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
                              reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context);
@@ -1193,7 +1218,7 @@ private:
   {
     for (const auto& r : v.history.trace()) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(r.action), device, r.address, r.size, r.stream,
-                             to_mempool(r.pool), 0, r.context);
+                             to_mempool(r.pool), 0, r.context, "", r.user_metadata ? *r.user_metadata : std::string());
       te.time_.t_ = static_cast<time_t>(r.time);  // microseconds since the epoch, as PyTorch's snapshot has them
       out.push_back(std::move(te));
     }
@@ -1238,6 +1263,8 @@ private:
   std::vector<std::unique_ptr<device_view>> views_;
   std::atomic<int> device_count_{0};
   std::atomic<bool> initialized_{false};
+  mutable std::mutex metadata_mutex_;
+  std::shared_ptr<const std::string> user_metadata_;  ///< setUserMetadata's, null while none
   std::atomic<bool> history_enabled_{false};
   std::atomic<int> when_{0};
   std::atomic<alloc::CreateContextFn> context_recorder_{nullptr};
@@ -1271,6 +1298,9 @@ extern "C" STRATA_ALLOC_API int strata_torch_install_backend(void)
   try {
     strata_set_oom_handler(nullptr);  // the backend raises torch.OutOfMemoryError itself, with its figures
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(backend());
+    // The device-generic API (torch.accelerator.memory_stats and the like) asks c10's allocator registry,
+    // which must name strata as well: at the highest priority, so no later registration displaces it.
+    c10::SetAllocator(c10::DeviceType::CUDA, backend().get(), std::numeric_limits<std::uint8_t>::max());
     return 0;
   } catch (const std::exception& e) {
     strata_report_error((std::string("strata_torch_install_backend: ") + e.what()).c_str());

@@ -615,6 +615,22 @@ TEST_CASE("C API: a fraction of 0 refuses every allocation; a fraction of bytes 
         }) == "");
 }
 
+TEST_CASE("C API: device_prepare builds a device's stack before its first allocation, with PyTorch's fraction applied")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          EXPECT(strata_apply_torch_conf("per_process_memory_fraction:0") == 0);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 1);  // nothing built yet
+          EXPECT(strata_device_prepare(0) == 0);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 0 && f.device_memory == 1024 * MiB);
+          EXPECT(strata_device_prepare(0) == 0);  // built before: nothing more
+          EXPECT(strata_device_prepare(-1) == -1);
+          EXPECT(mentions("device -1"));
+        }) == "");
+}
+
 TEST_CASE("C API: PyTorch's per_process_memory_fraction caps what the stack holds; settings without effect are said")
 {
   CHECK(in_child([](expectations& ex) {
