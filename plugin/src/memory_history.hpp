@@ -59,6 +59,8 @@ struct trace_record {
   Context context{};
   /// What the user named the program's phase when this happened (PyTorch's _set_memory_metadata); null: none.
   std::shared_ptr<const std::string> user_metadata{};
+  /// The compiled region running on the recording thread then (PyTorch's pushCompileContext); null: none.
+  std::shared_ptr<const std::string> compile_context{};
 };
 
 /// The recording switch and the trace ring of one device. Models: PyTorch's recordHistory (enabled, context

@@ -621,6 +621,18 @@ public:
     std::lock_guard lock(metadata_mutex_);
     return user_metadata_;
   }
+  // torch.compile's regions, as PyTorch tracks them for the history (record_memory_history(compile_context=
+  // True)): a stack per thread, the innermost region naming what the thread allocates.
+  void pushCompileContext(std::string& md) override { compile_contexts_.push_back(std::make_shared<const std::string>(md)); }
+  void popCompileContext() override
+  {
+    if (!compile_contexts_.empty()) compile_contexts_.pop_back();
+  }
+  static std::shared_ptr<const std::string> compile_context()
+  {
+    return compile_contexts_.empty() ? nullptr : compile_contexts_.back();
+  }
+  static constexpr const char* no_compile_context = "N/A";  // PyTorch's word for an event outside every region
 
   bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_acquire); }
 
@@ -1168,10 +1180,12 @@ private:
     if (!v.history.enabled() && !tracked) return;
     const std::uint64_t time = now_us();
     if (v.history.enabled())
-      v.history.record({action, reinterpret_cast<std::uintptr_t>(address), size, stream, pool, time, context, user_metadata()});
+      v.history.record({action, reinterpret_cast<std::uintptr_t>(address), size, stream, pool, time, context, user_metadata(),
+                        compile_context()});
     if (tracked) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
-                             reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context);
+                             reinterpret_cast<size_t>(address), size, stream, to_mempool(pool), c10::getApproximateTime(), context,
+                             compile_context() ? *compile_context() : no_compile_context, getUserMetadata());
       trackers_.call(te);
     }
   }
@@ -1218,7 +1232,8 @@ private:
   {
     for (const auto& r : v.history.trace()) {
       caching::TraceEntry te(static_cast<caching::TraceEntry::Action>(r.action), device, r.address, r.size, r.stream,
-                             to_mempool(r.pool), 0, r.context, "", r.user_metadata ? *r.user_metadata : std::string());
+                             to_mempool(r.pool), 0, r.context, r.compile_context ? *r.compile_context : no_compile_context,
+                             r.user_metadata ? *r.user_metadata : std::string());
       te.time_.t_ = static_cast<time_t>(r.time);  // microseconds since the epoch, as PyTorch's snapshot has them
       out.push_back(std::move(te));
     }
@@ -1264,6 +1279,7 @@ private:
   std::atomic<int> device_count_{0};
   std::atomic<bool> initialized_{false};
   mutable std::mutex metadata_mutex_;
+  inline static thread_local std::vector<std::shared_ptr<const std::string>> compile_contexts_;
   std::shared_ptr<const std::string> user_metadata_;  ///< setUserMetadata's, null while none
   std::atomic<bool> history_enabled_{false};
   std::atomic<int> when_{0};

@@ -68,20 +68,24 @@ TEST_CASE("memory_history: nothing is recorded until enabled; the ring keeps the
   CHECK(h.trace().empty());
 }
 
-TEST_CASE("memory_history: each event keeps the user's metadata of its moment, shared, not copied")
+TEST_CASE("memory_history: each event keeps the user's metadata and compiled region of its moment, shared, not copied")
 {
   memory_history<frames> h;
   h.configure(true, context_mode::alloc, 8, false, {});
   auto phase = std::make_shared<const std::string>("forward");
+  auto region = std::make_shared<const std::string>("Torch-Compiled Region: 0/0");
   trace_record<frames> a = rec(trace_action::alloc, 1, 10);
   a.user_metadata = phase;
+  a.compile_context = region;
   h.record(std::move(a));
   h.record(rec(trace_action::free_requested, 1, 10));  // metadata cleared meanwhile
   REQUIRE(h.trace().size() == 2);
   REQUIRE(h.trace().front().user_metadata != nullptr);
   CHECK(*h.trace().front().user_metadata == "forward");
   CHECK(h.trace().front().user_metadata.get() == phase.get());
+  CHECK(h.trace().front().compile_context.get() == region.get());
   CHECK(h.trace().back().user_metadata == nullptr);
+  CHECK(h.trace().back().compile_context == nullptr);
 }
 
 TEST_CASE("memory_history: skipped actions are left out; state mode keeps frames with blocks, not the trace")
