@@ -67,8 +67,7 @@ void* device_slot::allocate(std::size_t size, cudaStream_t stream)
       throw;
     }
     ++stats.num_alloc_retries;
-    stack->release();
-    ++stats.syncs_all_streams;
+    release();
     try {
       p = stack->allocate(size, stream);
     } catch (const std::bad_alloc&) {
@@ -91,6 +90,12 @@ void device_slot::free(void* ptr, std::size_t size, cudaStream_t stream) noexcep
 {
   stack->deallocate(ptr, size, stream);
   stats.on_free(size);
+}
+
+void device_slot::release()
+{
+  stack->release();
+  ++stats.syncs_all_streams;
 }
 
 strata_device_figures device_slot::figures(const stack_reading& r) const noexcept

@@ -89,6 +89,9 @@ struct device_slot {
   void* allocate(std::size_t size, cudaStream_t stream);
   /// Frees with the lock held, counting it. O(the stack's free).
   void free(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
+  /// The stack's release with the lock held: a host wait for every pending free, then idle memory goes back;
+  /// counted as one of num_sync_all_streams' waits (empty_cache, the retry after out of memory).
+  void release();
   /// The device's figures from one read of the stack (or the read given); the lock held. O(1).
   strata_device_figures figures() const noexcept;
   strata_device_figures figures(const stack_reading& r) const noexcept;

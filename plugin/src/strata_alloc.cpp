@@ -77,8 +77,7 @@ void release_idle(device_slot& s, int device)
 {
   if (s.routes > 0) return;
   device_scope on(s, device);
-  s.stack->release();
-  ++s.stats.syncs_all_streams;
+  s.release();
 }
 
 /// An allocation of `size` on a device, counted; size 0 is null, not an error.
