@@ -8,12 +8,13 @@
 // its pool, and the pool's release gives it back to strata. PyTorch's own allocator keeps a pool's memory
 // until its release too.
 //
-// A pool's memory is a set of segments, each a block strata handed out for the pool. A segment is cut into
-// pieces, each live (handed to PyTorch) or parked. An allocation in the pool takes the smallest settled parked
-// piece of its stream that fits (best fit) and cuts the rest off as a parked piece of its own; a piece parked
-// next to a settled parked piece of its segment merges with it. So a backward pass reuses what the forward
-// freed, whatever the sizes. A segment goes back to strata whole, once its pool is released and none of its
-// pieces is live.
+// A pool's memory is a set of segments, each taken from strata for the pool at PyTorch's size (Note [Private
+// pools are laid out as PyTorch lays them out], pool_layout.hpp). A segment is cut into pieces, each live
+// (handed to PyTorch) or parked. An allocation in the pool takes the smallest settled parked piece of its
+// stream and its kind (small or large) that fits (best fit) and, where PyTorch would split it, cuts the rest
+// off as a parked piece of its own; a piece parked next to a settled parked piece of its segment merges with
+// it. So a backward pass reuses what the forward freed, whatever the sizes. A segment goes back to strata
+// whole, once its pool is released and none of its pieces is live.
 //
 // Note (a parked block's reuse is stream-ordered): nothing orders the work queued on a block before its free
 // with the work of its next owner except the stream both run on. A segment therefore serves one stream, the
@@ -23,6 +24,7 @@
 // and an event recorded in a capture can never be queried) the free is deferred instead: the events are
 // recorded once no allocation to a pool is under way. This is the contract of PyTorch's caching allocator.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +40,8 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "pool_layout.hpp"
 
 namespace strata::plugin {
 
@@ -240,27 +244,62 @@ public:
   using block = live_block<Context>;
   using returned = std::pair<std::uintptr_t, block>;
 
-  /// Pieces are cut at multiples of this, and a remainder smaller than it stays with the piece handed out.
-  static constexpr std::size_t piece_granule = 512;
-
-  /// Records a block handed out (from strata). In a private pool it becomes a segment of that pool, with one
-  /// live piece. Throws std::logic_error if the address is already live (a stack bug).
+  /// Records a block handed out (from strata). In a private pool it becomes a segment of that pool of the
+  /// block's size, wholly live (insert_segment). Throws std::logic_error if the address is already live (a
+  /// stack bug).
   void insert(std::uintptr_t address, block b)
   {
-    if (live_.find(address) != nullptr) throw std::logic_error("block_table: address " + std::to_string(address) + " is already live");
-    pool_state* p = b.pool.none() ? nullptr : &pool_of(b.pool, "insert");
-    live_.reserve(live_.size() + 1);
-    if (p != nullptr) {
-      const auto seg = p->segments.emplace(address, segment{b.size, b.stream}).first;
-      try {
-        p->pieces.emplace(address, piece{b.size, true, 0, false, b.stream, {}});
-      } catch (...) {
-        p->segments.erase(seg);
-        throw;
-      }
-      ++p->live;
+    if (!b.pool.none()) {
+      const std::size_t whole = b.size;
+      (void)insert_segment(address, whole, std::move(b));
+      return;
     }
-    live_.insert(address, std::move(b));  // reserved: cannot fail
+    if (live_.find(address) != nullptr) throw std::logic_error("block_table: address " + std::to_string(address) + " is already live");
+    live_.insert(address, std::move(b));
+  }
+
+  /// A segment of `segment_bytes` taken from strata for b's pool at `base`, its first `b.size` bytes handed
+  /// out; the rest is parked where PyTorch would split it (pool_layout::splits), else handed out too. The
+  /// segment's kind is the block's. Returns the live block's size. Throws std::invalid_argument (an unknown
+  /// pool, a block of 0 or more than the segment) or std::logic_error (the address already live), the table
+  /// unchanged.
+  std::size_t insert_segment(std::uintptr_t base, std::size_t segment_bytes, block b)
+  {
+    if (live_.find(base) != nullptr) throw std::logic_error("block_table: address " + std::to_string(base) + " is already live");
+    pool_state& p = pool_of(b.pool, "insert");
+    if (b.size == 0 || b.size > segment_bytes)
+      throw std::invalid_argument("block_table: a block of " + std::to_string(b.size) + " bytes does not fit a segment of " +
+                                  std::to_string(segment_bytes));
+    const bool small = pool_layout::is_small(b.size);
+    const bool split = !p.no_split && pool_layout::splits(segment_bytes, b.size, small);
+    if (!split) b.size = segment_bytes;
+    live_.reserve(live_.size() + 1);
+    if (split) free_index_reserve(p);
+    const auto seg = p.segments.emplace(base, segment{segment_bytes, b.stream, small}).first;
+    try {
+      p.pieces.emplace(base, piece{b.size, true, 0, false, b.stream, {}, small});
+      if (split) p.pieces.emplace(base + b.size, piece{segment_bytes - b.size, false, 0, false, b.stream, {}, small});
+    } catch (...) {
+      p.pieces.erase(base);
+      p.segments.erase(seg);
+      throw;
+    }
+    const std::size_t k = pool_figures::index(small);
+    ++figures_.segments[k];
+    figures_.segment_bytes[k] += segment_bytes;
+    figures_.live_bytes[k] += b.size;
+    if (split) {
+      figures_.parked_bytes[k] += segment_bytes - b.size;
+      ++figures_.parked_blocks[k];
+      try {
+        p.free_index.emplace(b.stream, small, segment_bytes - b.size, base + b.size);
+      } catch (...) {  // after free_index_reserve's probe this fails only if memory ran out since: it stays unoffered
+      }
+    }
+    ++p.live;
+    const std::size_t handed = b.size;
+    live_.insert(base, std::move(b));  // reserved: cannot fail
+    return handed;
   }
 
   const block* find(std::uintptr_t address) const noexcept { return live_.find(address); }
@@ -306,8 +345,10 @@ public:
     pc.ticket = ticket;
     pc.deferred = ticket != 0 && defer;
     if (pc.deferred) ++deferred_blocks_;
-    parked_bytes_ += pc.size;
-    ++parked_blocks_;
+    const std::size_t k = pool_figures::index(pc.small);
+    figures_.live_bytes[k] -= pc.size;
+    figures_.parked_bytes[k] += pc.size;
+    ++figures_.parked_blocks[k];
     out.parked = true;
     out.ticket = ticket;
     if (released) {
@@ -413,36 +454,39 @@ public:
     return out;
   }
 
-  /// The smallest settled parked piece of the pool allocated on `stream` that holds `size` bytes, cut to size
-  /// (rounded up to piece_granule; the rest stays parked) and made live (nullopt: none). The live block's size
-  /// is the piece's. See the Note on stream-ordered reuse.
+  /// The smallest settled parked piece of the pool allocated on `stream`, of the kind of a block for `size`
+  /// bytes, that holds that block (pool_layout::block_bytes), cut to it where PyTorch would split it (the rest
+  /// stays parked) and made live (nullopt: none). The live block's size is the piece's. See the Note on
+  /// stream-ordered reuse.
   std::optional<std::uintptr_t> revive(pool_id id, std::size_t size, std::size_t requested, void* stream, Context context = {})
   {
     const auto pit = pools_.find(id);
     if (pit == pools_.end() || size == 0) return std::nullopt;
     pool_state& p = pit->second;
-    const auto fit = p.free_index.lower_bound({stream, size, 0});
-    if (fit == p.free_index.end() || std::get<0>(*fit) != stream) return std::nullopt;
-    const std::uintptr_t address = std::get<2>(*fit);
+    const std::size_t wanted = pool_layout::block_bytes(size);
+    const bool small = pool_layout::is_small(wanted);
+    const auto fit = p.free_index.lower_bound({stream, small, wanted, 0});
+    if (fit == p.free_index.end() || std::get<0>(*fit) != stream || std::get<1>(*fit) != small) return std::nullopt;
+    const std::uintptr_t address = std::get<3>(*fit);
     const auto it = p.pieces.find(address);
     piece& pc = it->second;
-    const std::size_t rounded = (size + piece_granule - 1) / piece_granule * piece_granule;
-    const bool split = !p.no_split && pc.size >= rounded + piece_granule;
-    const std::size_t taken = split ? rounded : pc.size;
+    const bool split = !p.no_split && pool_layout::splits(pc.size, wanted, small);
+    const std::size_t taken = split ? wanted : pc.size;
     live_.reserve(live_.size() + 1);  // the allocations first: nothing below may fail once things move
     std::optional<typename std::map<std::uintptr_t, piece>::iterator> rest;
     if (split) {
       free_index_reserve(p);
-      rest = p.pieces.emplace_hint(std::next(it), address + taken, piece{pc.size - taken, false, 0, false, stream, {}});
+      rest = p.pieces.emplace_hint(std::next(it), address + taken, piece{pc.size - taken, false, 0, false, stream, {}, small});
     }
     p.free_index.erase(fit);
+    const std::size_t k = pool_figures::index(small);
     if (rest) {
-      p.free_index.emplace(stream, pc.size - taken, address + taken);  // room made by free_index_reserve
-      parked_bytes_ -= taken;
+      p.free_index.emplace(stream, small, pc.size - taken, address + taken);  // room made by free_index_reserve
     } else {
-      parked_bytes_ -= pc.size;
-      --parked_blocks_;
+      --figures_.parked_blocks[k];
     }
+    figures_.parked_bytes[k] -= taken;
+    figures_.live_bytes[k] += taken;
     pc.size = taken;
     pc.live = true;
     ++p.live;
@@ -508,10 +552,11 @@ public:
     d.revived.reserve(c.blocks.size());
     // Every allocation of the rebuild is made here, in new containers: the swap below cannot fail.
     std::map<std::uintptr_t, piece> pieces;
-    std::set<std::tuple<void*, std::size_t, std::uintptr_t>> index;
+    free_index_type index;
     std::vector<block> revived;
     revived.reserve(c.blocks.size());
-    std::size_t parked_bytes = 0, parked_blocks = 0, deferred = 0;
+    pool_figures before, after;  // this pool's pieces, before and after
+    std::size_t deferred = 0;
     for (const auto& entry : p.segments) {
       const std::uintptr_t base = entry.first;
       const segment& seg = entry.second;  // not a structured binding: the lambda below captures it
@@ -525,23 +570,24 @@ public:
       std::uintptr_t at = base;
       const auto add_parked = [&](std::uintptr_t from, std::uintptr_t to) {
         if (to <= from) return;
-        piece pc{to - from, false, 0, false, seg.stream, uses};
+        piece pc{to - from, false, 0, false, seg.stream, uses, seg.small};
         if (!uses.empty()) {
           pc.ticket = ++last_ticket_;
           pc.deferred = true;
           ++deferred;
         } else {
-          index.emplace(seg.stream, to - from, from);
+          index.emplace(seg.stream, seg.small, to - from, from);
         }
         pieces.emplace(from, std::move(pc));
-        parked_bytes += to - from;
-        ++parked_blocks;
+        after.parked_bytes[pool_figures::index(seg.small)] += to - from;
+        ++after.parked_blocks[pool_figures::index(seg.small)];
       };
       auto& mine = cuts[base];
       std::sort(mine.begin(), mine.end());
       for (const auto& [a, b] : mine) {
         add_parked(at, a);
-        pieces.emplace(a, piece{b->size, true, 0, false, seg.stream, {}});
+        pieces.emplace(a, piece{b->size, true, 0, false, seg.stream, {}, seg.small});
+        after.live_bytes[pool_figures::index(seg.small)] += b->size;
         at = a + b->size;
       }
       add_parked(at, base + seg.size);
@@ -555,24 +601,33 @@ public:
       live_.insert(c.blocks[i].first, revived[i]);
       ++p.live;
     }
-    for (const auto& [a, pc] : p.pieces)
-      if (!pc.live) {
-        parked_bytes_ -= pc.size;
-        --parked_blocks_;
-        if (pc.deferred) --deferred_blocks_;
+    for (const auto& [a, pc] : p.pieces) {
+      const std::size_t k = pool_figures::index(pc.small);
+      if (pc.live) {
+        before.live_bytes[k] += pc.size;
+        continue;
       }
+      before.parked_bytes[k] += pc.size;
+      ++before.parked_blocks[k];
+      if (pc.deferred) --deferred_blocks_;
+    }
     p.pieces.swap(pieces);
     p.free_index.swap(index);
-    parked_bytes_ += parked_bytes;
-    parked_blocks_ += parked_blocks;
+    for (std::size_t k = 0; k < 2; ++k) {
+      figures_.live_bytes[k] += after.live_bytes[k] - before.live_bytes[k];  // unsigned: wraps back into range
+      figures_.parked_bytes[k] += after.parked_bytes[k] - before.parked_bytes[k];
+      figures_.parked_blocks[k] += after.parked_blocks[k] - before.parked_blocks[k];
+    }
     deferred_blocks_ += deferred;
     for (const auto& [a, b] : c.blocks) d.revived.emplace_back(a, b);  // reserved
     return d;
   }
 
   std::size_t live_blocks() const noexcept { return live_.size(); }
-  std::size_t parked_bytes() const noexcept { return parked_bytes_; }
-  std::size_t parked_blocks() const noexcept { return parked_blocks_; }
+  std::size_t parked_bytes() const noexcept { return figures_.parked_bytes[0] + figures_.parked_bytes[1]; }
+  std::size_t parked_blocks() const noexcept { return figures_.parked_blocks[0] + figures_.parked_blocks[1]; }
+  /// The pools' segments and pieces by kind. O(1).
+  const pool_figures& figures() const noexcept { return figures_; }
   /// Whether a piece is parked at `address` in some pool (snapshots show it inactive).
   bool parked(std::uintptr_t address) const noexcept
   {
@@ -596,20 +651,24 @@ public:
     }
     return {};
   }
-  /// Segments held by private pools, and their bytes.
-  std::size_t pool_segments() const noexcept
+  /// A private pool's segment, as snapshots list it apart from strata's own memory.
+  struct segment_view {
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    pool_id pool{};
+    bool small = false;
+    void* stream = nullptr;
+  };
+  /// The pool segment at `base`, if one starts there. O(pools).
+  std::optional<segment_view> segment_at(std::uintptr_t base) const noexcept
   {
-    std::size_t n = 0;
-    for (const auto& [id, p] : pools_) n += p.segments.size();
-    return n;
-  }
-  std::size_t pool_segment_bytes() const noexcept
-  {
-    std::size_t n = 0;
     for (const auto& [id, p] : pools_)
-      for (const auto& [base, seg] : p.segments) n += seg.size;
-    return n;
+      if (const auto it = p.segments.find(base); it != p.segments.end()) return segment_view{base, it->second.size, id, it->second.small, it->second.stream};
+    return std::nullopt;
   }
+  /// Segments held by private pools, and their bytes.
+  std::size_t pool_segments() const noexcept { return figures_.segments[0] + figures_.segments[1]; }
+  std::size_t pool_segment_bytes() const noexcept { return figures_.segment_bytes[0] + figures_.segment_bytes[1]; }
   template <class F>
   void for_each_live(F&& f) const
   {
@@ -620,6 +679,7 @@ private:
   struct segment {
     std::size_t size = 0;
     void* stream = nullptr;  ///< the stream strata handed it out on, which every piece of it serves
+    bool small = false;      ///< PyTorch's pool kind of the blocks it serves
   };
   struct piece {
     std::size_t size = 0;
@@ -628,15 +688,18 @@ private:
     bool deferred = false;     ///< unsettled, its wait not started yet (take_deferred)
     void* stream = nullptr;
     std::vector<void*> uses;   ///< parked and unsettled: the streams it waits for
+    bool small = false;        ///< its segment's kind
   };
+  /// Settled parked pieces: (stream, small, size, address), so that best fit is one lower_bound.
+  using free_index_type = std::set<std::tuple<void*, bool, std::size_t, std::uintptr_t>>;
   struct pool_state {
     int use_count = 0;
     bool use_on_oom = false;
     bool no_split = false;
     std::size_t live = 0;
     std::map<std::uintptr_t, segment> segments;
-    std::map<std::uintptr_t, piece> pieces;                                   ///< every segment's, live and parked
-    std::set<std::tuple<void*, std::size_t, std::uintptr_t>> free_index;      ///< settled parked: (stream, size, address)
+    std::map<std::uintptr_t, piece> pieces;  ///< every segment's, live and parked
+    free_index_type free_index;
   };
 
   pool_state& pool_of(pool_id id, const char* where)
@@ -661,7 +724,7 @@ private:
   /// fail are preceded by this check of the host's memory, made by inserting and erasing a probe entry.
   static void free_index_reserve(pool_state& p)
   {
-    const auto probe = p.free_index.emplace(nullptr, SIZE_MAX, UINTPTR_MAX).first;
+    const auto probe = p.free_index.emplace(nullptr, true, SIZE_MAX, UINTPTR_MAX).first;
     p.free_index.erase(probe);
   }
 
@@ -675,22 +738,22 @@ private:
     if (it != p.pieces.begin()) {
       auto prev = std::prev(it);
       if (mergeable(prev) && prev->first + prev->second.size == it->first) {
-        p.free_index.erase({prev->second.stream, prev->second.size, prev->first});
+        p.free_index.erase({prev->second.stream, prev->second.small, prev->second.size, prev->first});
         prev->second.size += it->second.size;
         p.pieces.erase(it);
         it = prev;
-        --parked_blocks_;
+        --figures_.parked_blocks[pool_figures::index(it->second.small)];
       }
     }
     auto next = std::next(it);
     if (next != p.pieces.end() && mergeable(next) && it->first + it->second.size == next->first) {
-      p.free_index.erase({next->second.stream, next->second.size, next->first});
+      p.free_index.erase({next->second.stream, next->second.small, next->second.size, next->first});
       it->second.size += next->second.size;
       p.pieces.erase(next);
-      --parked_blocks_;
+      --figures_.parked_blocks[pool_figures::index(it->second.small)];
     }
     try {
-      p.free_index.emplace(it->second.stream, it->second.size, it->first);
+      p.free_index.emplace(it->second.stream, it->second.small, it->second.size, it->first);
     } catch (...) {  // after free_index_reserve's probe this fails only if memory ran out since: it stays unoffered
     }
   }
@@ -713,12 +776,15 @@ private:
           } catch (...) {  // no host memory for one pointer: the segment goes back without that stream's wait
           }
         }
-      p.free_index.erase({it->second.stream, it->second.size, it->first});
-      parked_bytes_ -= it->second.size;
-      --parked_blocks_;
+      p.free_index.erase({it->second.stream, it->second.small, it->second.size, it->first});
+      figures_.parked_bytes[pool_figures::index(it->second.small)] -= it->second.size;
+      --figures_.parked_blocks[pool_figures::index(it->second.small)];
       if (it->second.deferred) --deferred_blocks_;
       it = p.pieces.erase(it);
     }
+    const std::size_t k = pool_figures::index(seg->second.small);
+    --figures_.segments[k];
+    figures_.segment_bytes[k] -= seg->second.size;
     p.segments.erase(seg);
     return out;
   }
@@ -730,8 +796,7 @@ private:
 
   address_table<block> live_;
   std::map<pool_id, pool_state> pools_;
-  std::size_t parked_bytes_ = 0;
-  std::size_t parked_blocks_ = 0;
+  pool_figures figures_{};
   std::size_t deferred_blocks_ = 0;
   std::uint64_t last_ticket_ = 0;
 };

@@ -4,18 +4,24 @@
 //
 // What strata can say exactly, and how it maps:
 // - allocated / requested / allocation: the blocks handed to PyTorch and not freed, counted by the backend
-//   at each allocate and free, per pool kind (small: at most 1 MiB, PyTorch's small-pool limit).
-// - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call. strata
-//   has one pool per device, not a small and a large one: the small pool's reserved bytes are its live blocks,
-//   the large pool's the rest, and every segment is the large pool's, so each aggregate is the sum of its kinds.
+//   at each allocate and free at their PyTorch sizes (Note [Private pools are laid out as PyTorch lays them
+//   out], pool_layout.hpp), per pool kind (small: at most 1 MiB, PyTorch's small-pool limit).
+// - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call, and the
+//   private pools' segments (taken from that usage) in their own kinds. Outside the private pools strata has
+//   one pool per device, not a small and a large one: the small pool's reserved bytes there are its live
+//   blocks, the large pool's the rest, and every chunk is the large pool's, so each aggregate is the sum of its
+//   kinds.
 // - active: allocated, plus (aggregate only) blocks freed but held back for other streams' work.
-// - inactive_split: the free bytes inside strata's reserved memory that a release would not hand back (and
-//   blocks parked for CUDA graph pools), in the large pool: idle pages and wholly free chunks are PyTorch's
-//   unsplit free segments, not "inactive split".
+// - inactive_split: the free bytes inside strata's reserved memory that a release would not hand back, in the
+//   large pool (idle pages and wholly free chunks are PyTorch's unsplit free segments, not "inactive split"),
+//   and the private pools' parked pieces in their kinds.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+
+#include "pool_layout.hpp"
 
 namespace strata::plugin {
 
@@ -142,27 +148,35 @@ public:
     --live_blocks_;
     live_bytes_ -= bytes;
   }
-  /// The stack's figures after a call; `parked_bytes`/`parked_blocks`: blocks the backend keeps for graph
-  /// pools (in the stack's in_use, free in PyTorch's view).
-  void observe(const stack_figures& f, std::size_t parked_bytes = 0, std::size_t parked_blocks = 0) noexcept
+  /// The stack's figures after a call, and the private pools' segments and pieces (their segments are in
+  /// the stack's reserved and in_use; their parked pieces are free in PyTorch's view).
+  void observe(const stack_figures& f, const pool_figures& pools = {}) noexcept
   {
-    // The small pool holds its live blocks; the large pool the rest of what strata holds (one pool serves
-    // both, so the split follows the blocks), and every segment. Each aggregate is the sum of its kinds.
-    const auto small_live = static_cast<std::size_t>(allocated_bytes[pool_kind::small_pool].current);
-    const std::size_t small_reserved = small_live < f.reserved ? small_live : f.reserved;
+    constexpr std::size_t small = pool_figures::index(true), large = pool_figures::index(false);
+    // The private pools' segments are in their kinds. Of the rest of what strata holds, the small pool holds
+    // its live blocks and the large pool the remainder (one pool serves both there, so the split follows the
+    // blocks). Each aggregate is the sum of its kinds.
+    const std::size_t pool_small = std::min(pools.segment_bytes[small], f.reserved);
+    const std::size_t rest = f.reserved - std::min(f.reserved, pools.segment_bytes[small] + pools.segment_bytes[large]);
+    const auto small_live = static_cast<std::size_t>(std::max<std::int64_t>(allocated_bytes[pool_kind::small_pool].current, 0));
+    const std::size_t small_outside = small_live - std::min(small_live, pools.live_bytes[small]);
+    const std::size_t small_reserved = pool_small + std::min(small_outside, rest);
     reserved_bytes[pool_kind::small_pool].set(small_reserved);
     reserved_bytes[pool_kind::large_pool].set(f.reserved - small_reserved);
     reserved_bytes[pool_kind::all].set(f.reserved);
-    segment[pool_kind::large_pool].set(f.chunks);
-    segment[pool_kind::all].set(f.chunks);
+    segment[pool_kind::small_pool].set(pools.segments[small]);
+    segment[pool_kind::large_pool].set(f.chunks + pools.segments[large]);
+    segment[pool_kind::all].set(f.chunks + pools.segments[small] + pools.segments[large]);
     // Inactive split: free memory inside what strata holds that cannot go back as it is (empty_cache's
-    // releasable pages are not split, as PyTorch's wholly free segments are not), and parked blocks.
+    // releasable pages are not split, as PyTorch's wholly free segments are not), and parked pieces.
     const std::size_t idle = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
     const std::size_t split = idle - (f.releasable < idle ? f.releasable : idle);
-    inactive_split_bytes[pool_kind::large_pool].set(split + parked_bytes);
-    inactive_split_bytes[pool_kind::all].set(split + parked_bytes);
-    inactive_split[pool_kind::large_pool].set(f.free_blocks + parked_blocks);
-    inactive_split[pool_kind::all].set(f.free_blocks + parked_blocks);
+    inactive_split_bytes[pool_kind::small_pool].set(pools.parked_bytes[small]);
+    inactive_split_bytes[pool_kind::large_pool].set(split + pools.parked_bytes[large]);
+    inactive_split_bytes[pool_kind::all].set(split + pools.parked_bytes[small] + pools.parked_bytes[large]);
+    inactive_split[pool_kind::small_pool].set(pools.parked_blocks[small]);
+    inactive_split[pool_kind::large_pool].set(f.free_blocks + pools.parked_blocks[large]);
+    inactive_split[pool_kind::all].set(f.free_blocks + pools.parked_blocks[small] + pools.parked_blocks[large]);
     // The aggregate moves once per call by the net change of live plus held, as one observed figure.
     active[pool_kind::all].set(live_blocks_ + f.held_blocks);
     active_bytes[pool_kind::all].set(live_bytes_ + f.held_bytes);

@@ -269,73 +269,77 @@ struct snapshot_segment {
   std::size_t total = 0, requested = 0, allocated = 0, active = 0;
   void* stream = nullptr;
   pool_id pool{};
+  bool large = false;  ///< PyTorch's segment kind: a private pool's by its blocks, else over 1 MiB
   std::vector<snapshot_block<Context>> blocks;
 };
 
 /// The segments of memory_snapshot(): strata's chunks, each block marked by the table (live: allocated; parked
-/// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work); a
-/// block that is a private pool's segment is listed as its pieces.
-/// Blocks tile their segment (ranges strata does not list become free blocks). Only segments holding a block
-/// of `only_pool` when it is not (0, 0). O(blocks).
+/// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work). A
+/// block that is a private pool's segment is listed as a segment of its own, with its pool and its pieces, as
+/// PyTorch lists a pool's segments (Note [Private pools are laid out as PyTorch lays them out]); the chunk's
+/// ranges around it are listed as segments of their own. Blocks tile their segment (ranges strata does not
+/// list become free blocks). Only the segments of `only_pool` when it is not (0, 0). O(blocks + pools).
 template <class Context>
 std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_view, const block_table<Context>& table, pool_id only_pool = {})
 {
   std::vector<snapshot_segment<Context>> out;
   out.reserve(strata_view.segments.size());
+  const auto mark_live = [&](snapshot_segment<Context>& s, snapshot_block<Context>& sb, const live_block<Context>& live) {
+    sb.allocated = sb.active = true;
+    sb.requested = live.requested;
+    sb.context = live.context;
+    if (s.stream == nullptr) s.stream = live.stream;
+  };
+  const auto add = [](snapshot_segment<Context>& s, snapshot_block<Context>&& sb) {
+    s.requested += sb.requested;
+    s.allocated += sb.allocated ? sb.size : 0;
+    s.active += sb.active ? sb.size : 0;
+    s.blocks.push_back(std::move(sb));
+  };
   for (const segment_info& seg : strata_view.segments) {
-    snapshot_segment<Context> s;
-    s.address = seg.address;
-    s.total = seg.size;
-    bool in_pool = only_pool.none();
+    snapshot_segment<Context> rest;  // the chunk's range since the last pool segment
+    rest.address = seg.address;
+    const auto close_rest = [&](std::uintptr_t end) {
+      rest.total = end - rest.address;
+      rest.large = rest.total > pool_layout::small_block_limit;
+      if (rest.total > 0 && only_pool.none()) out.push_back(std::move(rest));
+      rest = snapshot_segment<Context>{};
+      rest.address = end;
+    };
     std::size_t covered = 0;
     for (const block_info& b : seg.blocks) {
       // PyTorch lays blocks end to end from the segment's address: a range strata does not list is free.
-      if (b.offset > covered) s.blocks.push_back(snapshot_block<Context>{.size = b.offset - covered});
+      if (b.offset > covered) add(rest, snapshot_block<Context>{.size = b.offset - covered});
       covered = b.offset + b.size;
-      snapshot_block<Context> sb;
-      sb.size = b.size;
       const std::uintptr_t address = seg.address + b.offset;
-      // A private pool's segment: its pieces, as PyTorch lists a segment's blocks.
-      pool_id owner{};
-      if (!b.free && !(owner = table.for_each_piece(address, [&](const pool_piece& pc) {
-            snapshot_block<Context> piece;
-            piece.size = pc.size;
-            if (const auto* live = pc.live ? table.find(pc.address) : nullptr) {
-              piece.allocated = piece.active = true;
-              piece.requested = live->requested;
-              piece.context = live->context;
-              if (s.pool.none()) s.pool = live->pool;
-              if (s.stream == nullptr) s.stream = live->stream;
-              in_pool = in_pool || live->pool == only_pool;
-            }
-            s.requested += piece.requested;
-            s.allocated += piece.allocated ? piece.size : 0;
-            s.active += piece.active ? piece.size : 0;
-            s.blocks.push_back(std::move(piece));
-          })).none()) {
-        if (s.pool.none()) s.pool = owner;
-        in_pool = in_pool || owner == only_pool;
-        continue;
-      }
-      if (!b.free) {
-        if (const auto* live = table.find(address)) {
-          sb.allocated = sb.active = true;
-          sb.requested = live->requested;
-          sb.context = live->context;
-          if (s.pool.none()) s.pool = live->pool;
-          if (s.stream == nullptr) s.stream = live->stream;
-          in_pool = in_pool || live->pool == only_pool;
-        } else {
-          sb.active = !table.parked(address);
+      if (!b.free)
+        if (const auto pool_segment = table.segment_at(address)) {
+          close_rest(address);
+          snapshot_segment<Context> ps;
+          ps.address = address;
+          ps.total = pool_segment->size;
+          ps.pool = pool_segment->pool;
+          ps.large = !pool_segment->small;
+          ps.stream = pool_segment->stream;
+          (void)table.for_each_piece(address, [&](const pool_piece& pc) {
+            snapshot_block<Context> piece{.size = pc.size};
+            if (const auto* live = pc.live ? table.find(pc.address) : nullptr) mark_live(ps, piece, *live);
+            add(ps, std::move(piece));
+          });
+          if (only_pool.none() || ps.pool == only_pool) out.push_back(std::move(ps));
+          rest.address = address + pool_segment->size;
+          if (b.size > pool_segment->size) add(rest, snapshot_block<Context>{.size = b.size - pool_segment->size, .active = true});
+          continue;
         }
+      snapshot_block<Context> sb{.size = b.size};
+      if (!b.free) {
+        if (const auto* live = table.find(address)) mark_live(rest, sb, *live);
+        else sb.active = true;  // freed, held for another stream's work
       }
-      s.requested += sb.requested;
-      s.allocated += sb.allocated ? sb.size : 0;
-      s.active += sb.active ? sb.size : 0;
-      s.blocks.push_back(std::move(sb));
+      add(rest, std::move(sb));
     }
-    if (seg.size > covered) s.blocks.push_back(snapshot_block<Context>{.size = seg.size - covered});
-    if (in_pool) out.push_back(std::move(s));
+    if (seg.size > covered) add(rest, snapshot_block<Context>{.size = seg.size - covered});
+    close_rest(seg.address + seg.size);
   }
   return out;
 }

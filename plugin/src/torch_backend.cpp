@@ -710,7 +710,7 @@ public:
         const device_view::foreign_block b = f->second;
         v.foreign_blocks.erase(f);
         v.foreign_bytes -= b.size;
-        v.stats.on_free(b.size, b.size);
+        v.stats.on_free(counted(b.size), b.size);
         apply(v);
         if (recording(v)) {
           record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
@@ -728,7 +728,7 @@ public:
       forget_export(ptr);  // before the address can be handed out (and shared) again
       if (gone->to_strata) free_to_strata(d, gone->to_strata->first, gone->to_strata->second, &v.last);
       else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
-      v.stats.on_free(b.size, b.requested);
+      v.stats.on_free(counted(b.size), b.requested);
       apply(v);
       if (recording(v)) {
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
@@ -875,6 +875,9 @@ private:
     return f;
   }
 
+  /// A block's bytes in the figures: PyTorch's block size (pool_layout.hpp), whatever strata cut for it.
+  static size_t counted(size_t bytes) { return strata::plugin::pool_layout::block_bytes(bytes); }
+
   /// Reads the stack's figures (outside the allocation and free paths, which are handed them) and applies them.
   static void observe(device_view& v, c10::DeviceIndex device)
   {
@@ -891,14 +894,14 @@ private:
     f.reserved += v.foreign_bytes;  // MemPools' own allocators' blocks: each one a segment, wholly in use
     f.in_use += v.foreign_bytes;
     f.chunks += v.foreign_blocks.size();
-    v.stats.observe(f, v.blocks.parked_bytes(), v.blocks.parked_blocks());
+    v.stats.observe(f, v.blocks.figures());
   }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
   {
     std::vector<std::pair<std::size_t, std::size_t>> live;
-    v.blocks.for_each_live([&](std::uintptr_t, const auto& b) { live.emplace_back(b.size, b.requested); });
+    v.blocks.for_each_live([&](std::uintptr_t, const auto& b) { live.emplace_back(counted(b.size), b.requested); });
     v.stats.recount_live(live);
   }
 
@@ -1032,7 +1035,7 @@ private:
       throw;
     }
     v.foreign_bytes += size;
-    v.stats.on_allocate(size, size);
+    v.stats.on_allocate(counted(size), size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1062,12 +1065,15 @@ private:
     if (v.routes.empty()) settle_waits(v);
     if (!pool.none())
       if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
-        v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be a little larger
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be larger (pool_layout.hpp)
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
         changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
+    // A private pool takes a segment at PyTorch's size (Note [Private pools are laid out as PyTorch lays them
+    // out]); other blocks are exactly the request.
+    const size_t taken = pool.none() ? size : strata::plugin::pool_layout::segment_bytes(counted(size));
     void* p = nullptr;
     std::string failure;
     bool out_of_memory = false;
@@ -1075,7 +1081,7 @@ private:
       out_of_memory = false;
       failure.clear();
       try {
-        p = strata_malloc_or_throw_observed(size, device, stream, &v.last);
+        p = strata_malloc_or_throw_observed(taken, device, stream, &v.last);
       } catch (const std::bad_alloc&) {
         out_of_memory = true;
         failure = strata_last_error();
@@ -1101,19 +1107,21 @@ private:
         return reinterpret_cast<void*>(*revived);
       }
       apply(v);  // the refusal filled v.last
-      const std::string message = out_of_memory_message(v, device, size, stream, failure);
+      const std::string message = out_of_memory_message(v, device, taken, stream, failure);
       lock.unlock();
       throw_out_of_memory(device, v, message);
     }
-    TORCH_CHECK(p != nullptr, "strata: allocating ", size, " bytes on device ", static_cast<int>(device), ": ", failure);
+    TORCH_CHECK(p != nullptr, "strata: allocating ", taken, " bytes on device ", static_cast<int>(device), ": ", failure);
+    size_t handed = counted(size);
     try {
-      v.blocks.insert(reinterpret_cast<std::uintptr_t>(p), {size, size, stream, pool, context});
+      if (pool.none()) v.blocks.insert(reinterpret_cast<std::uintptr_t>(p), {size, size, stream, pool, context});
+      else handed = v.blocks.insert_segment(reinterpret_cast<std::uintptr_t>(p), taken, {counted(size), size, stream, pool, context});
     } catch (const std::exception& e) {
-      strata_free_observed(p, size, device, stream, &v.last);
+      strata_free_observed(p, taken, device, stream, &v.last);
       apply(v);
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    v.stats.on_allocate(size, size);
+    v.stats.on_allocate(handed, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1212,7 +1220,7 @@ private:
       si.allocated_size = s.allocated;
       si.active_size = s.active;
       si.stream = s.stream;
-      si.is_large = s.total > strata::plugin::small_request_limit;
+      si.is_large = s.large;
       si.is_expandable = false;
       si.owner_private_pool_id = to_mempool(s.pool);
       for (const auto& b : s.blocks) {

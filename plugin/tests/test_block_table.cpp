@@ -2,6 +2,7 @@
 // checkPoolLiveAllocations and checkpoints restored at the same addresses.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "block_table.hpp"
+#include "pool_layout.hpp"
 
 using namespace strata::plugin;
 
@@ -330,60 +332,159 @@ live_block<std::string> on(pool_id p, std::size_t size, void* stream) { return {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 } // namespace
 
+/// A private pool's allocation as the backend makes it: a parked piece, else a new segment at PyTorch's size.
+struct pool_allocator {
+  table& t;
+  pool_id pool;
+  std::uintptr_t next = 0x100000000;
+  std::size_t segments = 0;
+  std::uintptr_t operator()(std::size_t size, void* stream, std::string ctx = {})
+  {
+    if (const auto a = t.revive(pool, size, size, stream, ctx)) return *a;
+    const std::size_t block = pool_layout::block_bytes(size);
+    const std::uintptr_t base = next;
+    next += 1024 * MiB;
+    ++segments;
+    (void)t.insert_segment(base, pool_layout::segment_bytes(block), {block, size, stream, pool, std::move(ctx), {}});
+    return base;
+  }
+};
+
+TEST_CASE("pool_layout: PyTorch's block and segment sizes and its split rule")
+{
+  CHECK(pool_layout::block_bytes(1) == 512);
+  CHECK(pool_layout::block_bytes(512) == 512);
+  CHECK(pool_layout::block_bytes(1000) == 1024);
+  CHECK(pool_layout::segment_bytes(512) == 2 * MiB);
+  CHECK(pool_layout::segment_bytes(MiB) == 2 * MiB);
+  CHECK(pool_layout::segment_bytes(MiB + 512) == 20 * MiB);
+  CHECK(pool_layout::segment_bytes(10 * MiB - 512) == 20 * MiB);
+  CHECK(pool_layout::segment_bytes(10 * MiB + 512) == 12 * MiB);
+  CHECK(pool_layout::segment_bytes(20 * MiB) == 20 * MiB);
+  CHECK(pool_layout::splits(2 * MiB, 2 * MiB - 512, true));
+  CHECK(!pool_layout::splits(1024, 1024, true));
+  CHECK(pool_layout::splits(20 * MiB, 10 * MiB - 512, false));        // the rest, 10 MiB + 512, is kept apart
+  CHECK(!pool_layout::splits(10 * MiB + 512, 10 * MiB - 512, false));  // a rest of 1 KiB goes with the block
+  CHECK(!pool_layout::splits(3 * MiB, 2 * MiB, false));                // nor a rest of exactly 1 MiB
+}
+
+TEST_CASE("block_table: a pool's new segment is PyTorch's size, its rest parked where PyTorch splits")
+{
+  table t;
+  t.create_or_incref(graph);
+  pool_allocator alloc{t, graph};
+  const auto a = alloc(512, stream_a());
+  CHECK(t.find(a)->size == 512);
+  CHECK(t.pool_segment_bytes() == 2 * MiB);
+  CHECK(t.parked_bytes() == 2 * MiB - 512);
+  // Ten more small blocks come out of the same segment, end to end.
+  for (int i = 1; i <= 10; ++i) CHECK(alloc(512, stream_a()) == a + 512 * static_cast<std::uintptr_t>(i));
+  CHECK(alloc.segments == 1);
+  // A large block never comes from a small segment: a 20 MiB segment, 10 MiB + 512 left parked.
+  const auto big = alloc(10 * MiB - 512, stream_a());
+  CHECK(alloc.segments == 2);
+  CHECK(t.figures().segment_bytes[pool_figures::index(false)] == 20 * MiB);
+  CHECK(t.figures().parked_bytes[pool_figures::index(false)] == 10 * MiB + 512);
+  // The next takes the rest whole: cutting it would leave 1 KiB, which PyTorch does not keep apart.
+  const auto second = alloc(10 * MiB - 512, stream_a());
+  CHECK(second == big + 10 * MiB - 512);
+  CHECK(t.find(second)->size == 10 * MiB + 512);
+  CHECK(t.figures().parked_bytes[pool_figures::index(false)] == 0);
+  CHECK(t.figures().live_bytes[pool_figures::index(false)] == 20 * MiB);
+  CHECK(t.figures().live_bytes[pool_figures::index(true)] == 11 * 512);
+  // A block from 10 MiB up gets a segment of its own size rounded up to 2 MiB; a rest over 1 MiB is parked.
+  const auto own = alloc(10 * MiB + 512, stream_a());
+  CHECK(t.find(own)->size == 10 * MiB + 512);
+  CHECK(t.figures().parked_bytes[pool_figures::index(false)] == 2 * MiB - 512);
+  const auto whole = alloc(16 * MiB - 512, stream_a());
+  CHECK(t.find(whole)->size == 16 * MiB);
+  CHECK(t.pool_segments() == 4);
+  CHECK_THROWS_AS(t.insert_segment(0x9000000, 512, {1024, 1024, stream_a(), graph, {}, {}}), std::invalid_argument);
+  CHECK_THROWS_AS(t.insert_segment(own, 2 * MiB, {512, 512, stream_a(), graph, {}, {}}), std::logic_error);
+  CHECK(t.pool_segments() == 4);
+}
+
 TEST_CASE("block_table: a pool serves a smaller request from a larger parked piece, best fit, the rest parked")
 {
   table t;
   t.create_or_incref(graph);
   t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
   t.insert(0x2000000, on(graph, MiB, stream_a()));
+  t.insert(0x3000000, on(graph, 2 * MiB, stream_a()));
   (void)t.erase(0x1000000);
   (void)t.erase(0x2000000);
-  CHECK(t.parked_blocks() == 2);
+  (void)t.erase(0x3000000);
+  CHECK(t.parked_blocks() == 3);
   const auto small = t.revive(graph, 1000, 1000, stream_a(), "small");
   REQUIRE(small);
-  CHECK(*small == 0x2000000);  // the smallest that fits, not the first
-  CHECK(t.find(*small)->size == 1024);  // cut at the granule
+  CHECK(*small == 0x2000000);  // the smallest small piece that fits, not the first
+  CHECK(t.find(*small)->size == 1024);  // cut at 512 bytes
   CHECK(t.find(*small)->requested == 1000);
-  CHECK(t.parked_bytes() == 4 * MiB + MiB - 1024);
-  CHECK(t.parked_blocks() == 2);  // the 1 MiB piece's rest is parked in its place
-  const auto big = t.revive(graph, 3 * MiB, 3 * MiB, stream_a());
+  CHECK(t.parked_bytes() == 7 * MiB - 1024);
+  CHECK(t.parked_blocks() == 3);  // the 1 MiB piece's rest is parked in its place
+  const auto big = t.revive(graph, MiB + 512, MiB + 512, stream_a());
   REQUIRE(big);
-  CHECK(*big == 0x1000000);
+  CHECK(*big == 0x3000000);  // the 2 MiB large piece: best fit among the large ones
+  CHECK(t.find(*big)->size == 2 * MiB);  // a rest under 1 MiB stays with it
   const auto next = t.revive(graph, MiB - 1024, MiB - 1024, stream_a());
   REQUIRE(next);
   CHECK(*next == 0x2000000 + 1024);  // the rest of the small segment fits exactly
-  CHECK(t.parked_bytes() == MiB);
-  CHECK(t.pool_segments() == 2);
+  const auto cut = t.revive(graph, 2 * MiB, 2 * MiB, stream_a());
+  REQUIRE(cut);
+  CHECK(*cut == 0x1000000);
+  CHECK(t.find(*cut)->size == 2 * MiB);  // a rest of 2 MiB is kept apart
+  CHECK(t.parked_bytes() == 2 * MiB);
+  CHECK(t.pool_segments() == 3);
+}
+
+TEST_CASE("block_table: small blocks come only from small segments, large ones only from large segments")
+{
+  table t;
+  t.create_or_incref(graph);
+  pool_allocator alloc{t, graph};
+  const auto large = alloc(4 * MiB, stream_a());  // a 20 MiB segment
+  (void)t.erase(large);
+  const auto small = alloc(4096, stream_a());
+  CHECK(alloc.segments == 2);  // not cut from the parked 20 MiB
+  (void)t.erase(small);
+  (void)alloc(2 * MiB, stream_a());
+  CHECK(alloc.segments == 2);  // the large piece serves a large block
+  CHECK(t.figures().segments[pool_figures::index(true)] == 1);
+  CHECK(t.figures().segments[pool_figures::index(false)] == 1);
+  CHECK(t.figures().parked_bytes[pool_figures::index(true)] == 2 * MiB);
+  CHECK(t.figures().parked_bytes[pool_figures::index(false)] == 18 * MiB);
 }
 
 TEST_CASE("block_table: parked neighbours merge, so a request as large as the segment is served again")
 {
   table t;
   t.create_or_incref(graph);
-  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  t.insert(0x1000000, on(graph, 8 * MiB, stream_a()));
   (void)t.erase(0x1000000);
   std::vector<std::uintptr_t> pieces;
-  for (int i = 0; i < 4; ++i) pieces.push_back(*t.revive(graph, MiB, MiB, stream_a()));
+  for (int i = 0; i < 3; ++i) pieces.push_back(*t.revive(graph, 2 * MiB, 2 * MiB, stream_a()));
+  pieces.push_back(*t.revive(graph, 2 * MiB, 2 * MiB, stream_a()));
   CHECK(t.parked_bytes() == 0);
   for (std::uintptr_t a : {pieces[1], pieces[3], pieces[0], pieces[2]}) (void)t.erase(a);  // out of order
   CHECK(t.parked_blocks() == 1);
-  CHECK(t.parked_bytes() == 4 * MiB);
-  CHECK(t.revive(graph, 4 * MiB, 4 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+  CHECK(t.parked_bytes() == 8 * MiB);
+  CHECK(t.revive(graph, 8 * MiB, 8 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
 }
 
 TEST_CASE("block_table: no reuse across streams; a segment serves the stream it was allocated on")
 {
   table t;
   t.create_or_incref(graph);
-  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  t.insert(0x1000000, on(graph, 8 * MiB, stream_a()));
   (void)t.erase(0x1000000);
-  CHECK(!t.revive(graph, MiB, MiB, stream_b()));
-  t.insert(0x3000000, on(graph, 2 * MiB, stream_b()));
+  CHECK(!t.revive(graph, 2 * MiB, 2 * MiB, stream_b()));
+  t.insert(0x3000000, on(graph, 6 * MiB, stream_b()));
   (void)t.erase(0x3000000);
-  CHECK(t.revive(graph, MiB, MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000});
-  CHECK(t.revive(graph, MiB, MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000 + MiB});
-  CHECK(!t.revive(graph, MiB, MiB, stream_b()));  // b's segment is used up; a's is not b's
-  CHECK(t.revive(graph, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+  CHECK(t.revive(graph, 2 * MiB, 2 * MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000});
+  CHECK(t.revive(graph, 2 * MiB, 2 * MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000 + 2 * MiB});
+  CHECK(t.revive(graph, 2 * MiB, 2 * MiB, stream_b()) == std::optional<std::uintptr_t>{0x3000000 + 4 * MiB});
+  CHECK(!t.revive(graph, 2 * MiB, 2 * MiB, stream_b()));  // b's segment is used up; a's is not b's
+  CHECK(t.revive(graph, 2 * MiB, 2 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
 }
 
 TEST_CASE("block_table: a released pool gives a segment back whole, once none of its pieces is live")
@@ -394,8 +495,8 @@ TEST_CASE("block_table: a released pool gives a segment back whole, once none of
   t.insert(0x4000000, on(user, MiB, stream_a()));
   (void)t.erase(0x1000000);
   (void)t.erase(0x4000000);
-  const auto a = *t.revive(user, MiB, MiB, stream_a());  // in the 1 MiB segment (best fit)
-  const auto b = *t.revive(user, MiB, MiB, stream_a());  // half the 2 MiB one
+  const auto a = *t.revive(user, 512 * 1024, 512 * 1024, stream_a());  // in the 1 MiB segment (best fit)
+  const auto b = *t.revive(user, 3 * MiB / 2, 3 * MiB / 2, stream_a());  // the 2 MiB large one, whole
   CHECK(a == 0x4000000);
   CHECK(b == 0x1000000);
   const auto first = t.release(user);  // a's segment and b's have live pieces: nothing yet
@@ -405,119 +506,101 @@ TEST_CASE("block_table: a released pool gives a segment back whole, once none of
   CHECK(!gone_b->parked);
   REQUIRE(gone_b->to_strata);
   CHECK(gone_b->to_strata->first == 0x1000000);
-  CHECK(gone_b->to_strata->second.size == 2 * MiB);  // the segment, not the piece
+  CHECK(gone_b->to_strata->second.size == 2 * MiB);
   CHECK(gone_b->to_strata->second.stream == stream_a());
   CHECK(t.known(user));
   const auto gone_a = t.erase(a);
   REQUIRE(gone_a->to_strata);
-  CHECK(gone_a->to_strata->second.size == MiB);
+  CHECK(gone_a->to_strata->second.size == MiB);  // the segment, not the piece
   CHECK(!t.known(user));
   CHECK(t.parked_bytes() == 0);
   CHECK(t.parked_blocks() == 0);
+  CHECK(t.pool_segments() == 0);
+  CHECK(t.pool_segment_bytes() == 0);
 }
 
 TEST_CASE("block_table: a backward pass reuses the forward's frees whatever their sizes")
 {
   table t;
   t.create_or_incref(graph);
-  std::uintptr_t next = 0x10000000;
-  std::size_t segments = 0;
-  const auto alloc = [&](std::size_t size) {
-    if (const auto a = t.revive(graph, size, size, stream_a())) return *a;
-    t.insert(next, on(graph, size, stream_a()));
-    ++segments;
-    const std::uintptr_t a = next;
-    next += 64 * MiB;
-    return a;
-  };
+  pool_allocator alloc{t, graph};
   std::vector<std::uintptr_t> activations;
-  for (std::size_t mib : {24, 16, 16, 8, 40}) activations.push_back(alloc(mib * MiB));
-  CHECK(segments == 5);
+  for (std::size_t mib : {24, 16, 16, 12, 40}) activations.push_back(alloc(mib * MiB, stream_a()));
+  CHECK(alloc.segments == 5);
   // Backward: each activation freed after its gradients are made; gradients of other sizes.
-  std::vector<std::uintptr_t> grads;
   for (int i = 4; i >= 0; --i) {
     (void)t.erase(activations[static_cast<std::size_t>(i)]);
-    for (std::size_t kib : {3000, 5000, 700}) grads.push_back(alloc(kib * 1024));
+    for (std::size_t kib : {3000, 5000, 1700}) (void)alloc(kib * 1024, stream_a());
   }
-  CHECK(segments == 5);  // every gradient came out of a freed activation
-  CHECK(t.pool_segment_bytes() == 104 * MiB);
+  CHECK(alloc.segments == 5);  // every gradient came out of a freed activation
+  CHECK(t.pool_segment_bytes() == 108 * MiB);
 }
 
 TEST_CASE("block_table: a checkpoint of cut pieces is restored by cutting the segments again")
 {
   table t;
   t.create_or_incref(graph);
-  t.insert(0x1000000, on(graph, 4 * MiB, stream_a()));
+  t.insert(0x1000000, on(graph, 8 * MiB, stream_a()));
   (void)t.erase(0x1000000);
-  const auto p1 = *t.revive(graph, MiB, MiB, stream_a(), "one");
-  const auto p2 = *t.revive(graph, 2 * MiB, 2 * MiB, stream_a(), "two");
+  const auto p1 = *t.revive(graph, 2 * MiB, 2 * MiB, stream_a(), "one");
+  const auto p2 = *t.revive(graph, 4 * MiB, 4 * MiB, stream_a(), "two");
   const auto saved = t.checkpoint(0, graph);
   (void)t.erase(p1);
   (void)t.erase(p2);
-  const auto other = *t.revive(graph, 3 * MiB + 512 * 1024, 100, stream_a());
+  const auto other = *t.revive(graph, 5 * MiB, 100, stream_a());
   CHECK(other == 0x1000000);
   const auto d = t.restore(saved);
   REQUIRE(d.freed.size() == 1);
   CHECK(d.freed[0] == other);
   REQUIRE(d.revived.size() == 2);
-  CHECK(t.find(p1)->size == MiB);
-  CHECK(t.find(p2)->size == 2 * MiB);
+  CHECK(t.find(p1)->size == 2 * MiB);
+  CHECK(t.find(p2)->size == 4 * MiB);
   CHECK(t.find(p2)->context == "two");
-  CHECK(t.parked_bytes() == MiB);  // the segment's last MiB
-  CHECK(t.revive(graph, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000 + 3 * MiB});
+  CHECK(t.parked_bytes() == 2 * MiB);  // the segment's last 2 MiB
+  CHECK(t.figures().live_bytes[pool_figures::index(false)] == 6 * MiB);
+  CHECK(t.revive(graph, 2 * MiB, 2 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000 + 6 * MiB});
   (void)t.release(graph);
   pool_checkpoint<std::string> stale = saved;
   CHECK_THROWS_AS(t.restore(stale), std::invalid_argument);
 }
 
-TEST_CASE("block_table: random pool traffic over two streams keeps pieces tiling their segments")
+TEST_CASE("block_table: random pool traffic over two streams keeps pieces tiling their segments and the figures exact")
 {
   std::mt19937_64 rng(77);
   table t;
   t.create_or_incref(graph);
-  std::uintptr_t next = 0x10000000;
-  std::map<std::uintptr_t, std::pair<std::size_t, void*>> segments;  // base -> size, stream
-  std::map<std::uintptr_t, std::pair<std::size_t, void*>> live;      // address -> size, stream
-  std::size_t ok = 0, revived = 0;
+  pool_allocator alloc{t, graph};
+  std::map<std::uintptr_t, std::pair<std::size_t, void*>> live;  // address -> size, stream
+  std::size_t ok = 0, reused = 0;
   for (int i = 0; i < 20000; ++i) {
     void* s = rng() % 2 ? stream_a() : stream_b();
     if (rng() % 2 == 0 || live.empty()) {
-      const std::size_t size = 256 * (1 + rng() % 4096);
-      if (const auto a = t.revive(graph, size, size, s)) {
-        ++revived;
-        live[*a] = {t.find(*a)->size, s};
-      } else {
-        t.insert(next, on(graph, size, s));
-        segments[next] = {size, s};
-        live[next] = {size, s};
-        next += 2 * MiB;
-      }
+      const std::size_t size = rng() % 3 == 0 ? 1 + rng() % (16 * MiB) : 1 + rng() % (MiB + MiB / 4);
+      const std::size_t before = alloc.segments;
+      const auto a = alloc(size, s);
+      reused += alloc.segments == before ? 1 : 0;
+      live[a] = {t.find(a)->size, s};
     } else {
       auto it = live.begin();
       std::advance(it, static_cast<long>(rng() % live.size()));
       (void)t.erase(it->first);
       live.erase(it);
     }
-    // Live pieces lie inside a segment of their own stream, without overlap; the rest of every segment is parked.
+    // Live pieces lie end to end without overlap; a piece's kind is its size's; the figures add up.
     bool good = true;
-    std::size_t live_bytes = 0;
+    std::array<std::size_t, 2> live_bytes{};
     std::uintptr_t end_of_last = 0;
     for (const auto& [a, piece] : live) {
-      auto seg = segments.upper_bound(a);
-      good = good && seg != segments.begin();
-      if (!good) break;
-      --seg;
-      good = good && a + piece.first <= seg->first + seg->second.first && piece.second == seg->second.second && a >= end_of_last &&
-             piece.first >= 256;
+      good = good && a >= end_of_last && piece.first >= 512 && piece.first % 512 == 0;
       end_of_last = a + piece.first;
-      live_bytes += piece.first;
+      live_bytes[pool_figures::index(pool_layout::is_small(piece.first))] += piece.first;
     }
-    std::size_t segment_bytes = 0;
-    for (const auto& [b, seg] : segments) segment_bytes += seg.first;
-    if (good && live_bytes + t.parked_bytes() == segment_bytes && t.pool_segment_bytes() == segment_bytes) ++ok;
+    const pool_figures& f = t.figures();
+    for (std::size_t k = 0; k < 2; ++k) good = good && f.live_bytes[k] == live_bytes[k] && f.live_bytes[k] + f.parked_bytes[k] == f.segment_bytes[k];
+    if (good && t.pool_segments() == alloc.segments) ++ok;
   }
   CHECK(ok == 20000);
-  CHECK(revived > 5000);
+  CHECK(reused > 5000);
 }
 
 TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best fitting first")
@@ -526,15 +609,18 @@ TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best 
   t.create_or_incref(user);
   CHECK_THROWS_AS(t.set_no_split(graph), std::invalid_argument);
   t.set_no_split(user);
-  t.insert(0x1000000, on(user, 4 * MiB, stream_a()));
-  t.insert(0x2000000, on(user, 2 * MiB, stream_a()));
+  t.insert(0x1000000, on(user, 8 * MiB, stream_a()));
+  t.insert(0x2000000, on(user, 4 * MiB, stream_a()));
   (void)t.erase(0x1000000);
   (void)t.erase(0x2000000);
-  const auto a = t.revive(user, MiB, MiB, stream_a());
+  const auto a = t.revive(user, 2 * MiB, 2 * MiB, stream_a());
   REQUIRE(a);
   CHECK(*a == 0x2000000);
-  CHECK(t.find(*a)->size == 2 * MiB);  // whole
+  CHECK(t.find(*a)->size == 4 * MiB);  // whole
   CHECK(t.parked_blocks() == 1);
-  CHECK(t.revive(user, MiB, MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
-  CHECK(!t.revive(user, MiB, MiB, stream_a()));
+  CHECK(t.revive(user, 2 * MiB, 2 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
+  CHECK(!t.revive(user, 2 * MiB, 2 * MiB, stream_a()));
+  pool_allocator alloc{t, user};
+  const auto first = alloc(512, stream_a());
+  CHECK(t.find(first)->size == 2 * MiB);  // a new segment is handed out whole too
 }

@@ -14,6 +14,19 @@ namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 }
 
+namespace {
+/// A private pool holding one large segment, wholly parked.
+pool_figures parked_large(std::size_t bytes)
+{
+  pool_figures p;
+  p.segments[pool_figures::index(false)] = 1;
+  p.segment_bytes[pool_figures::index(false)] = bytes;
+  p.parked_bytes[pool_figures::index(false)] = bytes;
+  p.parked_blocks[pool_figures::index(false)] = 1;
+  return p;
+}
+} // namespace
+
 TEST_CASE("device_statistics: a stat keeps current, peak and the totals added and removed")
 {
   stat s;
@@ -92,13 +105,42 @@ TEST_CASE("device_statistics: reserved, segments, inactive split and active foll
   CHECK(d.active[pool_kind::all].current == 1);
   CHECK(d.active_bytes[pool_kind::large_pool].current == 0);
 
-  // Parked graph-pool blocks are inactive in PyTorch's view although strata counts them in use.
+  // Parked graph-pool pieces are inactive in PyTorch's view although strata counts them in use.
   f = stack_figures{.reserved = 8 * MiB, .in_use = 2 * MiB, .chunks = 1, .free_blocks = 1};
-  d.observe(f, 2 * MiB, 1);
+  d.observe(f, parked_large(2 * MiB));
   CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(8 * MiB));
   CHECK(d.inactive_split[pool_kind::all].current == 2);
   CHECK(d.reserved_bytes[pool_kind::all].peak == static_cast<std::int64_t>(8 * MiB));
-  CHECK(d.segment[pool_kind::all].freed == 1);
+  CHECK(d.segment[pool_kind::all].current == 2);  // strata's chunk and the pool's segment
+  CHECK(d.segment[pool_kind::large_pool].current == 2);
+}
+
+TEST_CASE("device_statistics: a private pool's segments count in their kind, as PyTorch counts a graph's segments")
+{
+  device_statistics d;
+  d.on_allocate(pool_layout::block_bytes(512), 512);  // a small block outside the pools
+  stack_figures f{.reserved = 4 * MiB, .in_use = 512, .chunks = 1, .free_blocks = 1};
+  d.observe(f);
+  const auto before_small = d.reserved_bytes[pool_kind::small_pool].current;
+  const auto before_segments = d.segment[pool_kind::small_pool].current;
+  // A capture takes a 2 MiB small segment from strata and hands out three 512-byte blocks of it.
+  for (int i = 0; i < 3; ++i) d.on_allocate(512, 512);
+  pool_figures pools;
+  pools.segments[pool_figures::index(true)] = 1;
+  pools.segment_bytes[pool_figures::index(true)] = 2 * MiB;
+  pools.live_bytes[pool_figures::index(true)] = 3 * 512;
+  pools.parked_bytes[pool_figures::index(true)] = 2 * MiB - 3 * 512;
+  pools.parked_blocks[pool_figures::index(true)] = 1;
+  f = stack_figures{.reserved = 6 * MiB, .in_use = 2 * MiB + 512, .chunks = 2, .free_blocks = 1};
+  d.observe(f, pools);
+  CHECK(d.segment[pool_kind::small_pool].current - before_segments == 1);
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current - before_small == static_cast<std::int64_t>(2 * MiB));
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current + d.reserved_bytes[pool_kind::large_pool].current ==
+        d.reserved_bytes[pool_kind::all].current);
+  CHECK(d.segment[pool_kind::all].current == 3);
+  CHECK(d.inactive_split_bytes[pool_kind::small_pool].current == static_cast<std::int64_t>(2 * MiB - 3 * 512));
+  CHECK(d.inactive_split[pool_kind::small_pool].current == 1);
+  CHECK(d.active_bytes[pool_kind::small_pool].current == 4 * 512);
 }
 
 TEST_CASE("device_statistics: reset_peaks moves peaks to current; reset_accumulated clears totals and counts")
@@ -234,11 +276,11 @@ TEST_CASE("device_statistics: releasable idle memory is not inactive split; park
   d.on_free(4 * MiB, 4 * MiB);  // parked in a graph pool: strata keeps it, PyTorch sees it free
   stack_figures f{.reserved = 16 * MiB, .in_use = 6 * MiB, .chunks = 2, .free_blocks = 3};
   f.releasable = 8 * MiB;  // whole pages empty_cache would unmap
-  d.observe(f, 4 * MiB, 1);
+  d.observe(f, parked_large(4 * MiB));
   CHECK(d.allocated_bytes[pool_kind::all].current == 0);
   CHECK(d.allocation[pool_kind::all].current == 0);
   CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(2 * MiB + 4 * MiB));
   f.releasable = 0;
-  d.observe(f, 4 * MiB, 1);
+  d.observe(f, parked_large(4 * MiB));
   CHECK(d.inactive_split_bytes[pool_kind::all].current == static_cast<std::int64_t>(10 * MiB + 4 * MiB));
 }

@@ -128,7 +128,7 @@ TEST_CASE("snapshot: strata's JSON is read back exactly; anything else names whe
   CHECK_THROWS_AS(parse_snapshot_json("{\"box\":\"\",\"segments\":[]} extra"), std::invalid_argument);
 }
 
-TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held ones active, parked ones inactive")
+TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held ones active; pool segments stand apart")
 {
   snapshot s;
   s.box = "mapped_pool";
@@ -144,23 +144,37 @@ TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held
   // 0x101000 is in use in strata but not live in the table: freed, held for another stream.
 
   const auto segs = snapshot_segments(s, t);
-  REQUIRE(segs.size() == 2);
+  // The first chunk is cut around the pool's segment: strata's range, the pool's segment, strata's range.
+  REQUIRE(segs.size() == 4);
   const auto& a = segs[0];
-  CHECK(a.total == 16384);
-  REQUIRE(a.blocks.size() == 4);
+  CHECK(a.address == 0x100000);
+  CHECK(a.total == 8192);
+  CHECK(a.pool.none());
+  REQUIRE(a.blocks.size() == 2);
   CHECK(a.blocks[0].allocated);
   CHECK(a.blocks[0].requested == 4000);
   CHECK(a.blocks[0].context.lines == std::vector<std::string>{"model.py:12"});
   CHECK(!a.blocks[1].allocated);
   CHECK(a.blocks[1].active);
-  CHECK(!a.blocks[2].allocated);
-  CHECK(!a.blocks[2].active);
-  CHECK(!a.blocks[3].active);
   CHECK(a.allocated == 4096);
   CHECK(a.active == 8192);
   CHECK(a.requested == 4000);
   CHECK(a.stream == reinterpret_cast<void*>(7));
-  CHECK(segs[1].pool == graph);
+  const auto& parked = segs[1];
+  CHECK(parked.address == 0x102000);
+  CHECK(parked.pool == graph);
+  CHECK(parked.total == 4096);
+  REQUIRE(parked.blocks.size() == 1);
+  CHECK(!parked.blocks[0].active);
+  CHECK(!parked.large);
+  CHECK(segs[2].address == 0x103000);
+  CHECK(segs[2].pool.none());
+  REQUIRE(segs[2].blocks.size() == 1);
+  CHECK(!segs[2].blocks[0].active);
+  CHECK(segs[3].pool == graph);
+  std::size_t listed = 0;
+  for (const auto& seg : segs) listed += seg.total;
+  CHECK(listed == 16384 + 4096);  // nothing lost or counted twice
 
   // A range strata does not list becomes a free block: PyTorch lays blocks end to end.
   snapshot gaps;
@@ -172,9 +186,9 @@ TEST_CASE("snapshot: segments mark live blocks allocated with their frames, held
   CHECK(tiled[0].blocks[1].active);
   CHECK(tiled[0].blocks[2].size == 6144);
 
-  const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: the chunks holding its memory only
+  const auto only = snapshot_segments(s, t, graph);  // a MemPool's snapshot: its segments only
   REQUIRE(only.size() == 2);
-  CHECK(only[0].address == 0x100000);  // its parked block
+  CHECK(only[0].address == 0x102000);  // its parked segment
   CHECK(only[1].address == 0x200000);
   CHECK(snapshot_segments(s, t, pool_id{0, 9}).empty());
 }

