@@ -379,8 +379,7 @@ inline torch_conf_reading parse_torch_alloc_conf(std::string_view text, stack_ki
       (void)truthy(key, value);
       note(key, value, "strata holds the device's lock only around its own bookkeeping and driver calls");
     } else if (key == "graph_capture_record_stream_reuse") {
-      if (truthy(key, value))
-        note(key, value, "strata's graph pools keep a block freed during a capture until the pool is released");
+      (void)truthy(key, value);  // honoured: the backend reads PyTorch's own setting (capture_order.hpp)
     } else if (key == "pinned_use_cuda_host_register" || key == "pinned_use_hip_host_register" ||
                key == "pinned_num_register_threads" || key == "pinned_reserve_segment_size_mb" ||
                key == "pinned_use_background_threads") {

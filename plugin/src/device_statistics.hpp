@@ -9,7 +9,7 @@
 // - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call, and the
 //   private pools' segments (taken from that usage) in their own kinds. Outside the private pools strata has
 //   one pool per device, not a small and a large one: the small pool's reserved bytes there are its live
-//   blocks, the large pool's the rest, and every chunk is the large pool's, so each aggregate is the sum of its
+//   blocks in whole 2 MiB small segments, the large pool's the rest, and every chunk is the large pool's, so each aggregate is the sum of its
 //   kinds.
 // - active: allocated, plus (aggregate only) blocks freed but held back for other streams' work.
 // - inactive_split: the free bytes inside strata's reserved memory that a release would not hand back, in the
@@ -154,13 +154,16 @@ public:
   {
     constexpr std::size_t small = pool_figures::index(true), large = pool_figures::index(false);
     // The private pools' segments are in their kinds. Of the rest of what strata holds, the small pool holds
-    // its live blocks and the large pool the remainder (one pool serves both there, so the split follows the
-    // blocks). Each aggregate is the sum of its kinds.
+    // its live blocks, rounded up to whole small segments out of idle memory as PyTorch's small pool grows
+    // (so a few more small blocks do not move it), and the large pool the remainder (one pool serves both
+    // there, so the split follows the blocks). Each aggregate is the sum of its kinds.
     const std::size_t pool_small = std::min(pools.segment_bytes[small], f.reserved);
     const std::size_t rest = f.reserved - std::min(f.reserved, pools.segment_bytes[small] + pools.segment_bytes[large]);
-    const auto small_live = static_cast<std::size_t>(std::max<std::int64_t>(allocated_bytes[pool_kind::small_pool].current, 0));
-    const std::size_t small_outside = small_live - std::min(small_live, pools.live_bytes[small]);
-    const std::size_t small_reserved = pool_small + std::min(small_outside, rest);
+    const std::size_t small_outside = outside_pools(pool_kind::small_pool, pools.live_bytes[small]);
+    const std::size_t live_outside = small_outside + outside_pools(pool_kind::large_pool, pools.live_bytes[large]);
+    const std::size_t idle = rest - std::min(rest, live_outside);
+    const std::size_t rounding = (pool_layout::small_segment - small_outside % pool_layout::small_segment) % pool_layout::small_segment;
+    const std::size_t small_reserved = pool_small + std::min(small_outside, rest) + std::min(rounding, idle);
     reserved_bytes[pool_kind::small_pool].set(small_reserved);
     reserved_bytes[pool_kind::large_pool].set(f.reserved - small_reserved);
     reserved_bytes[pool_kind::all].set(f.reserved);
@@ -169,8 +172,8 @@ public:
     segment[pool_kind::all].set(f.chunks + pools.segments[small] + pools.segments[large]);
     // Inactive split: free memory inside what strata holds that cannot go back as it is (empty_cache's
     // releasable pages are not split, as PyTorch's wholly free segments are not), and parked pieces.
-    const std::size_t idle = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
-    const std::size_t split = idle - (f.releasable < idle ? f.releasable : idle);
+    const std::size_t unused = f.reserved - (f.in_use < f.reserved ? f.in_use : f.reserved);
+    const std::size_t split = unused - (f.releasable < unused ? f.releasable : unused);
     inactive_split_bytes[pool_kind::small_pool].set(pools.parked_bytes[small]);
     inactive_split_bytes[pool_kind::large_pool].set(split + pools.parked_bytes[large]);
     inactive_split_bytes[pool_kind::all].set(split + pools.parked_bytes[small] + pools.parked_bytes[large]);
@@ -222,6 +225,13 @@ public:
   }
 
 private:
+  /// A kind's allocated bytes outside the private pools.
+  std::size_t outside_pools(pool_kind k, std::size_t in_pools) const noexcept
+  {
+    const auto live = static_cast<std::size_t>(std::max<std::int64_t>(allocated_bytes[k].current, 0));
+    return live - std::min(live, in_pools);
+  }
+
   std::array<stat_array*, 9> arrays() noexcept
   {
     return {&allocation, &segment, &active, &inactive_split, &allocated_bytes, &reserved_bytes, &active_bytes,

@@ -273,6 +273,47 @@ struct snapshot_segment {
   std::vector<snapshot_block<Context>> blocks;
 };
 
+namespace detail {
+
+template <class Context>
+void mark_live(snapshot_segment<Context>& s, snapshot_block<Context>& sb, const live_block<Context>& live)
+{
+  sb.allocated = sb.active = true;
+  sb.requested = live.requested;
+  sb.context = live.context;
+  if (s.stream == nullptr) s.stream = live.stream;
+}
+
+template <class Context>
+void add(snapshot_segment<Context>& s, snapshot_block<Context>&& sb)
+{
+  s.requested += sb.requested;
+  s.allocated += sb.allocated ? sb.size : 0;
+  s.active += sb.active ? sb.size : 0;
+  s.blocks.push_back(std::move(sb));
+}
+
+} // namespace detail
+
+/// A private pool's segment as PyTorch lists it: its pool, its kind, its pieces (live ones allocated with
+/// their frames, parked ones inactive). O(pieces + pools).
+template <class Context>
+snapshot_segment<Context> pool_segment_snapshot(const block_table<Context>& table, const typename block_table<Context>::segment_view& segment)
+{
+  snapshot_segment<Context> ps;
+  ps.address = segment.base;
+  ps.total = segment.size;
+  ps.pool = segment.pool;
+  ps.large = !segment.small;
+  ps.stream = segment.stream;
+  (void)table.for_each_piece(segment.base, [&](const pool_piece& pc) {
+    snapshot_block<Context> piece{.size = pc.size};
+    if (const auto* live = pc.live ? table.find(pc.address) : nullptr) detail::mark_live(ps, piece, *live);
+    detail::add(ps, std::move(piece));
+  });
+  return ps;
+}
+
 /// The segments of memory_snapshot(): strata's chunks, each block marked by the table (live: allocated; parked
 /// in a graph pool: inactive; neither and not free in strata: freed but held for another stream's work). A
 /// block that is a private pool's segment is listed as a segment of its own, with its pool and its pieces, as
@@ -284,18 +325,8 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
 {
   std::vector<snapshot_segment<Context>> out;
   out.reserve(strata_view.segments.size());
-  const auto mark_live = [&](snapshot_segment<Context>& s, snapshot_block<Context>& sb, const live_block<Context>& live) {
-    sb.allocated = sb.active = true;
-    sb.requested = live.requested;
-    sb.context = live.context;
-    if (s.stream == nullptr) s.stream = live.stream;
-  };
-  const auto add = [](snapshot_segment<Context>& s, snapshot_block<Context>&& sb) {
-    s.requested += sb.requested;
-    s.allocated += sb.allocated ? sb.size : 0;
-    s.active += sb.active ? sb.size : 0;
-    s.blocks.push_back(std::move(sb));
-  };
+  using detail::add;
+  using detail::mark_live;
   for (const segment_info& seg : strata_view.segments) {
     snapshot_segment<Context> rest;  // the chunk's range since the last pool segment
     rest.address = seg.address;
@@ -315,18 +346,7 @@ std::vector<snapshot_segment<Context>> snapshot_segments(const snapshot& strata_
       if (!b.free)
         if (const auto pool_segment = table.segment_at(address)) {
           close_rest(address);
-          snapshot_segment<Context> ps;
-          ps.address = address;
-          ps.total = pool_segment->size;
-          ps.pool = pool_segment->pool;
-          ps.large = !pool_segment->small;
-          ps.stream = pool_segment->stream;
-          (void)table.for_each_piece(address, [&](const pool_piece& pc) {
-            snapshot_block<Context> piece{.size = pc.size};
-            if (const auto* live = pc.live ? table.find(pc.address) : nullptr) mark_live(ps, piece, *live);
-            add(ps, std::move(piece));
-          });
-          if (only_pool.none() || ps.pool == only_pool) out.push_back(std::move(ps));
+          if (only_pool.none() || pool_segment->pool == only_pool) out.push_back(pool_segment_snapshot(table, *pool_segment));
           rest.address = address + pool_segment->size;
           if (b.size > pool_segment->size) add(rest, snapshot_block<Context>{.size = b.size - pool_segment->size, .active = true});
           continue;

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -55,6 +56,7 @@
 #include <strata/ipc/imported_block.hpp>
 
 #include "block_table.hpp"
+#include "capture_order.hpp"
 #include "descriptor_service.hpp"
 #include "device_statistics.hpp"
 #include "figures_of.hpp"
@@ -147,11 +149,51 @@ private:
 
 /// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
 /// Guarded by the device's lock (device_lock).
+/// A capture as CUDA keeps it, for capture_frontiers (capture_order.hpp): a stream's capture frontier and a
+/// node's dependencies. A query CUDA refuses reads as "not capturing" / "no dependencies known", which keeps
+/// a free deferred rather than reuse a block too early.
+struct cuda_capture_graph {
+  using node = cudaGraphNode_t;
+  std::optional<std::vector<node>> frontier(void* stream)
+  {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t* deps = nullptr;
+    size_t n = 0;
+    if (cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, nullptr, nullptr, &deps, nullptr, &n) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
+    if (status != cudaStreamCaptureStatusActive) return std::nullopt;
+    return std::vector<node>(deps, deps + n);
+  }
+  std::vector<node> predecessors(node n)
+  {
+    size_t count = 0;
+    std::vector<node> out;
+    if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count) == cudaSuccess && count > 0) {
+      out.resize(count);
+      if (cudaGraphNodeGetDependencies(n, out.data(), nullptr, &count) == cudaSuccess) out.resize(count);
+      else out.clear();
+    }
+    (void)cudaGetLastError();
+    return out;
+  }
+};
+
+// Note [A MemPool's own allocator counts against the cap]
+// PyTorch's per-process memory fraction caps everything its allocator holds, a MemPool's own allocator's
+// segments (MemPool(allocator=...)) included, and such a pool caches its segments like any private pool. So
+// here: those segments are cut and reused in the block table, at PyTorch's sizes; a new one is taken only
+// when strata's held memory, the pools' own segments and it fit the cap; and an allocation strata serves
+// that takes strata past the cap those segments leave is given back and refused as out of memory (after
+// strata has returned its idle memory), so that use_on_oom pools may serve it as PyTorch's allocator would.
 struct device_view {
   explicit device_view(int device) noexcept : waits(device) {}
   strata::plugin::device_statistics stats;
   strata::plugin::block_table<context_ptr> blocks;
   strata::plugin::pool_waits<strata::cuda_events> waits;  ///< parked blocks waiting on their recorded streams
+  /// Blocks freed during a capture that the capture may order for reuse (capture_order.hpp).
+  strata::plugin::capture_frontiers<cuda_capture_graph> frontiers;
   strata::plugin::memory_history<context_ptr> history;
   std::vector<route> routes;
   std::array<std::size_t, 3> oom_figures{};  ///< the request, the most allowed, the device's free bytes at the last out of memory
@@ -163,16 +205,16 @@ struct device_view {
   strata::plugin::segment_ledger segments;
   strata::plugin::segment_figures segment_figures{};
   /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
-  /// their blocks come from that allocator, one call each, and go back to it when freed.
+  /// their segments come from that allocator, at PyTorch's sizes, and are cut and reused in the block table as
+  /// any private pool's; a segment goes back to its allocator when the pool is released and nothing of it is
+  /// live (Note [A MemPool's own allocator counts against the cap]).
   std::map<pool_id, std::shared_ptr<alloc::CUDAAllocator>> foreign_pools;
-  struct foreign_block {
+  struct foreign_segment {
     std::shared_ptr<alloc::CUDAAllocator> from;
     size_t size;
-    cudaStream_t stream;
-    pool_id pool;
   };
-  std::unordered_map<std::uintptr_t, foreign_block> foreign_blocks;
-  size_t foreign_bytes = 0;  ///< held and in use: counted as reserved and allocated, as PyTorch counts them
+  std::unordered_map<std::uintptr_t, foreign_segment> foreign_segments;
+  size_t foreign_bytes = 0;  ///< held from MemPools' own allocators: counted as reserved, as PyTorch counts them
 };
 
 void local_raw_delete(void* ptr);
@@ -384,7 +426,7 @@ public:
     md.expandable_segments = false;
     md.release_lock_on_malloc = false;
     md.pinned_use_host_register = false;
-    md.graph_capture_record_stream_reuse = false;
+    md.graph_capture_record_stream_reuse = reuse_within_capture();
     const char* conf = std::getenv("STRATA_ALLOC_CONF");
     md.last_allocator_settings = std::string("strata backend") + (conf != nullptr ? std::string(": ") + conf : std::string());
     return result;
@@ -430,17 +472,22 @@ public:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    for (const auto& [address, b] : returned) free_to_strata(device, address, b, nullptr);  // whole segments
+    std::vector<foreign_return> to_allocators;
+    for (const auto& segment : returned) give_back(v, device, segment, to_allocators);  // whole segments
     if (v.blocks.use_count(id) == 0) {
       try {
         strata_release_pool(device, mempool_id);
       } catch (const std::exception& e) {
+        lock.unlock();
+        return_to_allocators(to_allocators);
         TORCH_CHECK(false, "strata: releasePool(", id.text(), "): ", e.what());
       }
     }
-    if (v.blocks.use_count(id) == 0) v.foreign_pools.erase(id);  // its live blocks keep their allocator
+    if (v.blocks.use_count(id) == 0) v.foreign_pools.erase(id);  // its segments still live keep their allocator
     observe(v, device);
     track_segments(v, device);
+    lock.unlock();
+    return_to_allocators(to_allocators);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
@@ -706,28 +753,15 @@ public:
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
-      if (const auto f = v.foreign_blocks.find(reinterpret_cast<std::uintptr_t>(ptr)); f != v.foreign_blocks.end()) {
-        const device_view::foreign_block b = f->second;
-        v.foreign_blocks.erase(f);
-        v.foreign_bytes -= b.size;
-        v.stats.on_free(counted(b.size), b.size);
-        apply(v);
-        if (recording(v)) {
-          record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
-          record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
-        }
-        changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
-        lock.unlock();
-        b.from->raw_delete(ptr);
-        return;
-      }
       const bool defer = !v.routes.empty();  // see block_table.hpp's Note on stream-ordered reuse
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
       const auto& b = gone->b;
       forget_export(ptr);  // before the address can be handed out (and shared) again
-      if (gone->to_strata) free_to_strata(d, gone->to_strata->first, gone->to_strata->second, &v.last);
+      std::vector<foreign_return> to_allocators;
+      if (gone->to_strata) give_back(v, d, *gone->to_strata, to_allocators);
       else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
+      else if (gone->parked && gone->ticket != 0 && reuse_within_capture()) note_capture_free(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b);
       v.stats.on_free(counted(b.size), b.requested);
       apply(v);
       if (recording(v)) {
@@ -735,6 +769,8 @@ public:
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
       changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
+      lock.unlock();
+      return_to_allocators(to_allocators);
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -891,9 +927,8 @@ private:
   static void apply(device_view& v)
   {
     strata::plugin::stack_figures f = figures_of(v.last);
-    f.reserved += v.foreign_bytes;  // MemPools' own allocators' blocks: each one a segment, wholly in use
+    f.reserved += v.foreign_bytes;  // MemPools' own allocators' segments, counted by the pools' figures
     f.in_use += v.foreign_bytes;
-    f.chunks += v.foreign_blocks.size();
     v.stats.observe(f, v.blocks.figures());
   }
 
@@ -915,6 +950,76 @@ private:
     strata_free_observed(p, b.size, device, static_cast<cudaStream_t>(b.stream), figures);
   }
 
+  /// A MemPool's own allocator's segment on its way back to it.
+  struct foreign_return {
+    std::shared_ptr<alloc::CUDAAllocator> from;
+    void* segment = nullptr;
+    std::vector<void*> streams;  ///< whose work on it is waited for first
+  };
+
+  /// A segment a private pool gave up, whole: to its MemPool's own allocator (listed, to be called without
+  /// the device's lock) or to strata's stack. Device lock held.
+  static void give_back(device_view& v, int device, const std::pair<std::uintptr_t, strata::plugin::live_block<context_ptr>>& segment,
+                        std::vector<foreign_return>& to_allocators) noexcept
+  {
+    const auto f = v.foreign_segments.find(segment.first);
+    if (f == v.foreign_segments.end()) {
+      free_to_strata(device, segment.first, segment.second, &v.last);
+      return;
+    }
+    foreign_return r{f->second.from, reinterpret_cast<void*>(segment.first), {}};
+    v.foreign_bytes -= f->second.size;
+    v.foreign_segments.erase(f);
+    try {
+      r.streams = segment.second.uses;
+      r.streams.push_back(segment.second.stream);
+      to_allocators.push_back(std::move(r));
+    } catch (...) {  // no host memory for the list: the segment goes back now, its streams waited for
+      for (void* st : segment.second.uses) (void)cudaStreamSynchronize(static_cast<cudaStream_t>(st));
+      (void)cudaStreamSynchronize(static_cast<cudaStream_t>(segment.second.stream));
+      r.from->raw_delete(r.segment);
+    }
+  }
+
+  /// Hands segments back to MemPools' own allocators once the work queued on them is done (their allocators
+  /// free at once, as cudaFree does not wait for streams). Without the device's lock.
+  static void return_to_allocators(std::vector<foreign_return>& list) noexcept
+  {
+    for (foreign_return& r : list) {
+      for (void* st : r.streams)
+        if (cudaStreamSynchronize(static_cast<cudaStream_t>(st)) != cudaSuccess) (void)cudaGetLastError();  // a free's path: never throws
+      r.from->raw_delete(r.segment);
+    }
+    list.clear();
+  }
+
+  /// PyTorch's graph_capture_record_stream_reuse (Note [A block freed during a capture is reused once the
+  /// capture orders it]).
+  static bool reuse_within_capture() { return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse(); }
+
+  /// A block freed during a capture, recorded on other streams: how far their captures reached, so that a
+  /// later allocation of the capture may settle it. Device lock held; never throws (unnoted, it stays
+  /// deferred).
+  static void note_capture_free(device_view& v, std::uintptr_t address, std::uint64_t ticket, const strata::plugin::live_block<context_ptr>& b) noexcept
+  {
+    try {
+      cuda_capture_graph graph;
+      (void)v.frontiers.note(address, ticket, b.stream, b.uses, graph);
+    } catch (...) {
+    }
+  }
+
+  /// Settles the blocks freed during this capture whose other streams' work `stream`'s capture now follows.
+  /// Device lock held.
+  static void settle_ordered(device_view& v, cudaStream_t stream) noexcept
+  {
+    try {
+      cuda_capture_graph graph;
+      for (const auto& f : v.frontiers.ordered_before(stream, graph)) (void)v.blocks.settle(f.address, f.ticket);
+    } catch (...) {  // no host memory for the walk: they stay deferred
+    }
+  }
+
   /// Starts an unsettled parked block's wait on its recorded streams; settles it at once where no wait is
   /// needed. Device lock held, no allocation to a pool under way.
   void start_wait(device_view& v, std::uintptr_t address, std::uint64_t ticket, const std::vector<void*>& uses) noexcept
@@ -926,6 +1031,7 @@ private:
   /// no allocation to a pool under way (an event recorded in a capture can never be queried). Never waits.
   void settle_waits(device_view& v) noexcept
   {
+    v.frontiers.clear();  // no capture under way: the deferred frees below wait on events
     v.waits.reap(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
     std::vector<strata::plugin::deferred_free> deferred;
     try {
@@ -1020,26 +1126,75 @@ private:
   }
 
   /// A block of a MemPool with its own allocator: that allocator's, counted as PyTorch counts it.
+  /// A block of a MemPool served by its own allocator: a parked piece of its segments, else a new segment from
+  /// that allocator at PyTorch's size, after the cap has room for it (Note [A MemPool's own allocator counts
+  /// against the cap]). The allocator is called without the device's lock: it takes its own locks, and a
+  /// Python one the GIL.
   void* allocate_foreign(device_view& v, c10::DeviceIndex device, const std::shared_ptr<alloc::CUDAAllocator>& from, pool_id pool,
                          size_t size, cudaStream_t stream, const context_ptr& context)
   {
-    void* p = from->raw_alloc_with_stream(size, stream);
+    const size_t block = counted(size);
+    const size_t segment = strata::plugin::pool_layout::segment_bytes(block);
+    {
+      device_lock lock(device);
+      if (void* p = revive_in(v, device, pool, size, stream, context)) return p;
+      if (!cap_has_room(v, device, segment)) {
+        const std::string message = out_of_memory_message(v, device, segment, stream,
+                                                          "MemPool " + pool.text() + "'s allocator (" + from->name() +
+                                                              ") would take the process past its memory cap");
+        lock.unlock();
+        throw_out_of_memory(device, v, message);
+      }
+    }
+    void* p = from->raw_alloc_with_stream(segment, stream);
     TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "strata: MemPool ", pool.text(), "'s allocator (", from->name(),
-                     ") could not allocate ", bytes_text(size));
+                     ") could not allocate ", bytes_text(segment));
+    const auto base = reinterpret_cast<std::uintptr_t>(p);
     device_lock lock(device);
+    size_t handed = 0;
     try {
-      v.foreign_blocks.emplace(reinterpret_cast<std::uintptr_t>(p), device_view::foreign_block{from, size, stream, pool});
+      v.foreign_segments.emplace(base, device_view::foreign_segment{from, segment});
+      handed = v.blocks.insert_segment(base, segment, {block, size, stream, pool, context});
     } catch (...) {
+      v.foreign_segments.erase(base);
       lock.unlock();
       from->raw_delete(p);
       throw;
     }
-    v.foreign_bytes += size;
-    v.stats.on_allocate(counted(size), size);
+    v.foreign_bytes += segment;
+    v.stats.on_allocate(handed, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
     return p;
+  }
+
+  /// A parked piece of the pool for the request, handed out and counted (nullptr: none fits). Device lock held.
+  void* revive_in(device_view& v, c10::DeviceIndex device, pool_id pool, size_t size, cudaStream_t stream, const context_ptr& context)
+  {
+    const auto revived = v.blocks.revive(pool, size, size, stream, context);
+    if (!revived) return nullptr;
+    void* p = reinterpret_cast<void*>(*revived);
+    v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be larger (pool_layout.hpp)
+    apply(v);
+    record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
+    changed(v, device, p, static_cast<std::int64_t>(size));
+    return p;
+  }
+
+  /// Whether what strata holds, MemPools' own allocators' segments and `more` bytes fit the cap; where they do
+  /// not, strata first gives its idle memory back (not during an allocation to a private pool, where a
+  /// capture may run). Device lock held.
+  bool cap_has_room(device_view& v, c10::DeviceIndex device, size_t more)
+  {
+    const auto fits = [&] { return v.last.limit == SIZE_MAX || v.last.reserved + v.foreign_bytes + more <= v.last.limit; };
+    if (v.foreign_bytes == 0 && more == 0) return true;
+    if (fits()) return true;
+    if (!v.routes.empty()) return false;
+    strata_report_error("");
+    (void)strata_reset_device(device);
+    observe(v, device);
+    return fits();
   }
 
   void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
@@ -1063,14 +1218,9 @@ private:
       return allocate_foreign(v, device, from, pool, size, stream, context);
     }
     if (v.routes.empty()) settle_waits(v);
+    if (!pool.none() && !v.routes.empty() && !v.frontiers.empty()) settle_ordered(v, stream);
     if (!pool.none())
-      if (const auto revived = v.blocks.revive(pool, size, size, stream, context)) {
-        v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be larger (pool_layout.hpp)
-        apply(v);
-        record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, pool, context);
-        changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
-        return reinterpret_cast<void*>(*revived);
-      }
+      if (void* revived = revive_in(v, device, pool, size, stream, context)) return revived;
     // A private pool takes a segment at PyTorch's size (Note [Private pools are laid out as PyTorch lays them
     // out]); other blocks are exactly the request.
     const size_t taken = pool.none() ? size : strata::plugin::pool_layout::segment_bytes(counted(size));
@@ -1095,6 +1245,16 @@ private:
       const bool freed = run_free_memory_callbacks();
       lock.lock();
       if (freed) attempt();
+    }
+    if (p != nullptr && v.foreign_bytes != 0 && !cap_has_room(v, device, 0)) {
+      // Strata grew past the cap that MemPools' own allocators share (Note [A MemPool's own allocator counts
+      // against the cap]): the block goes back and strata's idle memory with it, and the request is refused.
+      strata_free_observed(p, taken, device, stream, &v.last);
+      p = nullptr;
+      (void)cap_has_room(v, device, 0);
+      out_of_memory = true;
+      failure = "the memory cap (" + bytes_text(v.last.limit) + ") is reached counting the " + bytes_text(v.foreign_bytes) +
+                " that MemPools' own allocators hold";
     }
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
@@ -1211,7 +1371,12 @@ private:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: snapshot: ", e.what());
     }
-    for (const auto& s : strata::plugin::snapshot_segments(view, v.blocks, only)) {
+    auto listed = strata::plugin::snapshot_segments(view, v.blocks, only);
+    for (const auto& [base, f] : v.foreign_segments)  // MemPools' own allocators' segments lie outside strata
+      if (const auto segment = v.blocks.segment_at(base); segment && (only.none() || segment->pool == only))
+        listed.push_back(strata::plugin::pool_segment_snapshot(v.blocks, *segment));
+    std::sort(listed.begin(), listed.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+    for (const auto& s : listed) {
       caching::SegmentInfo si;
       si.device = device;
       si.address = s.address;

@@ -223,6 +223,15 @@ TEST_CASE("snapshot: a private pool's segment is listed as its pieces, live ones
   CHECK(segs[0].allocated == 4096);
   CHECK(segs[0].pool == user);
   CHECK(segs[0].stream == stream);
+  // A segment strata does not hold (a MemPool's own allocator's) is listed from the table alone.
+  const auto alone = pool_segment_snapshot(t, *t.segment_at(0x100000));
+  CHECK(alone.address == 0x100000);
+  CHECK(alone.total == 1 << 20);
+  CHECK(alone.pool == user);
+  CHECK(!alone.large);
+  CHECK(alone.blocks.size() == 2);
+  CHECK(alone.allocated == 4096);
+  CHECK(!t.segment_at(0x100000 + 4096));
   (void)t.erase(*a);  // every piece parked: still the pool's segment
   const auto only = snapshot_segments(s, t, user);
   REQUIRE(only.size() == 1);

@@ -11,6 +11,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUITE = os.path.join(HERE, "..", "..", "tests", "device", "pytorch_suite")
+sys.path.insert(0, SUITE)  # as pytest has it when run.sh loads the plug-in: its modules import one another
 
 
 def _load(name):
