@@ -255,8 +255,16 @@ public:
       return;
     }
     if (live_.find(address) != nullptr) throw std::logic_error("block_table: address " + std::to_string(address) + " is already live");
+    const bool small = pool_layout::is_small(pool_layout::block_bytes(b.size));
+    live_.reserve(live_.size() + 1);
+    if (small) small_pages_.reserve(small_pages_.size() + 2);  // a small block lies in at most two pages
+    if (small) count_small_pages(address, b.size, +1);  // reserved: cannot fail from here on
     live_.insert(address, std::move(b));
   }
+
+  /// The small pool's pages outside the private pools: 2 MiB pages (PyTorch's small segment) holding at least
+  /// one live small block (Note [The small pool outside the private pools]). O(1).
+  std::size_t small_pages() const noexcept { return small_pages_.size(); }
 
   /// A segment of `segment_bytes` taken from strata for b's pool at `base`, its first `b.size` bytes handed
   /// out; the rest is parked where PyTorch would split it (pool_layout::splits), else handed out too. The
@@ -327,6 +335,7 @@ public:
     if (found->pool.none()) {
       out.to_strata.emplace(address, *found);  // the copy may throw: the table is unchanged then
       out.b = std::move(*live_.take(address));
+      if (pool_layout::is_small(pool_layout::block_bytes(out.b.size))) count_small_pages(address, out.b.size, -1);
       return out;
     }
     pool_state& p = pools_.at(found->pool);
@@ -758,6 +767,23 @@ private:
     }
   }
 
+  /// Adds `delta` live small blocks to each 2 MiB page [address, address + size) touches, forgetting a page
+  /// whose count falls to zero. Insertions need room made beforehand (address_table::reserve).
+  void count_small_pages(std::uintptr_t address, std::size_t size, int delta) noexcept
+  {
+    const std::uintptr_t first = address / pool_layout::small_segment;
+    const std::uintptr_t last = (address + (size == 0 ? 1 : size) - 1) / pool_layout::small_segment;
+    for (std::uintptr_t page = first; page <= last; ++page) {
+      const std::uintptr_t key = page + 1;  // address_table keeps 0 for empty slots
+      if (std::size_t* n = small_pages_.find(key)) {
+        if (delta > 0) ++*n;
+        else if (--*n == 0) (void)small_pages_.take(key);
+      } else if (delta > 0) {
+        small_pages_.insert(key, 1);
+      }
+    }
+  }
+
   /// The segment at `base` of a released pool, when none of its pieces is live: forgotten here and returned
   /// (for strata to free) with the streams its unsettled pieces were recorded on.
   std::optional<returned> give_back_if_free(pool_state& p, std::uintptr_t base) noexcept
@@ -795,6 +821,7 @@ private:
   }
 
   address_table<block> live_;
+  address_table<std::size_t> small_pages_;  ///< live small blocks outside the pools, per 2 MiB page
   std::map<pool_id, pool_state> pools_;
   pool_figures figures_{};
   std::size_t deferred_blocks_ = 0;

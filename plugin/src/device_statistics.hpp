@@ -7,10 +7,17 @@
 //   at each allocate and free at their PyTorch sizes (Note [Private pools are laid out as PyTorch lays them
 //   out], pool_layout.hpp), per pool kind (small: at most 1 MiB, PyTorch's small-pool limit).
 // - reserved / segment: strata's own usage (bytes held from CUDA, chunks), observed after each call, and the
-//   private pools' segments (taken from that usage) in their own kinds. Outside the private pools strata has
-//   one pool per device, not a small and a large one: the small pool's reserved bytes there are its live
-//   blocks in whole 2 MiB small segments, the large pool's the rest, and every chunk is the large pool's, so each aggregate is the sum of its
-//   kinds.
+//   private pools' segments (taken from that usage) in their own kinds. Outside the private pools the small
+//   pool holds the pages its live blocks lie in (Note [The small pool outside the private pools]), the large
+//   pool the rest, and every chunk is the large pool's, so each aggregate is the sum of its kinds.
+//
+// Note [The small pool outside the private pools]
+// Outside the private pools strata has one pool per device, not a small and a large one, so PyTorch's split
+// of reserved bytes between its small pool (2 MiB segments of blocks up to 1 MiB) and its large pool has no
+// counterpart to read off. The closest is where the small blocks are: the 2 MiB pages holding at least one live
+// small block are the small pool's, as PyTorch's small segments are (block_table::small_pages). A few more
+// small blocks beside the others move nothing, as a few more blocks in PyTorch's small segments do not; the
+// small pool never takes what the large pool's live blocks need.
 // - active: allocated, plus (aggregate only) blocks freed but held back for other streams' work.
 // - inactive_split: the free bytes inside strata's reserved memory that a release would not hand back, in the
 //   large pool (idle pages and wholly free chunks are PyTorch's unsplit free segments, not "inactive split"),
@@ -148,22 +155,20 @@ public:
     --live_blocks_;
     live_bytes_ -= bytes;
   }
-  /// The stack's figures after a call, and the private pools' segments and pieces (their segments are in
-  /// the stack's reserved and in_use; their parked pieces are free in PyTorch's view).
-  void observe(const stack_figures& f, const pool_figures& pools = {}) noexcept
+  /// The stack's figures after a call, the private pools' segments and pieces (their segments are in the
+  /// stack's reserved and in_use; their parked pieces are free in PyTorch's view) and the 2 MiB pages holding
+  /// live small blocks outside the pools.
+  void observe(const stack_figures& f, const pool_figures& pools = {}, std::size_t small_pages = 0) noexcept
   {
     constexpr std::size_t small = pool_figures::index(true), large = pool_figures::index(false);
     // The private pools' segments are in their kinds. Of the rest of what strata holds, the small pool holds
-    // its live blocks, rounded up to whole small segments out of idle memory as PyTorch's small pool grows
-    // (so a few more small blocks do not move it), and the large pool the remainder (one pool serves both
-    // there, so the split follows the blocks). Each aggregate is the sum of its kinds.
+    // the pages of its live blocks and the large pool the remainder (Note [The small pool outside the private
+    // pools]). Each aggregate is the sum of its kinds.
     const std::size_t pool_small = std::min(pools.segment_bytes[small], f.reserved);
     const std::size_t rest = f.reserved - std::min(f.reserved, pools.segment_bytes[small] + pools.segment_bytes[large]);
     const std::size_t small_outside = outside_pools(pool_kind::small_pool, pools.live_bytes[small]);
-    const std::size_t live_outside = small_outside + outside_pools(pool_kind::large_pool, pools.live_bytes[large]);
-    const std::size_t idle = rest - std::min(rest, live_outside);
-    const std::size_t rounding = (pool_layout::small_segment - small_outside % pool_layout::small_segment) % pool_layout::small_segment;
-    const std::size_t small_reserved = pool_small + std::min(small_outside, rest) + std::min(rounding, idle);
+    const std::size_t room = rest - std::min(rest, outside_pools(pool_kind::large_pool, pools.live_bytes[large]));
+    const std::size_t small_reserved = pool_small + std::min(std::max(small_outside, small_pages * pool_layout::small_segment), room);
     reserved_bytes[pool_kind::small_pool].set(small_reserved);
     reserved_bytes[pool_kind::large_pool].set(f.reserved - small_reserved);
     reserved_bytes[pool_kind::all].set(f.reserved);

@@ -929,7 +929,7 @@ private:
     strata::plugin::stack_figures f = figures_of(v.last);
     f.reserved += v.foreign_bytes;  // MemPools' own allocators' segments, counted by the pools' figures
     f.in_use += v.foreign_bytes;
-    v.stats.observe(f, v.blocks.figures());
+    v.stats.observe(f, v.blocks.figures(), v.blocks.small_pages());
   }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.

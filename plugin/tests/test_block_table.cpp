@@ -624,3 +624,53 @@ TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best 
   const auto first = alloc(512, stream_a());
   CHECK(t.find(first)->size == 2 * MiB);  // a new segment is handed out whole too
 }
+
+TEST_CASE("block_table: the small pool's pages are the 2 MiB pages holding live small blocks outside the pools")
+{
+  table t;
+  t.insert(0x40000000, in({}, 512));
+  t.insert(0x40000000 + 4096, in({}, 1000));
+  CHECK(t.small_pages() == 1);  // two small blocks, one page
+  t.insert(0x40000000 + 2 * MiB - 512, in({}, 1024));  // across the page's end: two pages
+  CHECK(t.small_pages() == 2);
+  t.insert(0x50000000, in({}, 4 * MiB));  // large: no page of the small pool
+  CHECK(t.small_pages() == 2);
+  t.create_or_incref(graph);
+  t.insert(0x60000000, in(graph, 512));  // in a private pool: its segment counts, not a page
+  CHECK(t.small_pages() == 2);
+  (void)t.erase(0x40000000 + 2 * MiB - 512);
+  CHECK(t.small_pages() == 1);
+  (void)t.erase(0x40000000);
+  CHECK(t.small_pages() == 1);  // the 1000-byte block still lives there
+  (void)t.erase(0x40000000 + 4096);
+  (void)t.erase(0x50000000);
+  CHECK(t.small_pages() == 0);
+  // Random traffic agrees with a recount.
+  std::mt19937_64 rng(9);
+  std::map<std::uintptr_t, std::size_t> live;
+  std::size_t agreed = 0, checks = 0;
+  for (int i = 0; i < 5000; ++i) {
+    if (live.empty() || rng() % 2) {
+      const std::uintptr_t a = 0x100000000 + 512 * (rng() % 40000);
+      const std::size_t n = rng() % 4 ? 512 * (1 + rng() % 2048) : 2 * MiB;
+      bool overlaps = false;
+      for (const auto& [b, m] : live) overlaps = overlaps || (a < b + m && b < a + n);
+      if (overlaps) continue;
+      t.insert(a, in({}, n));
+      live[a] = n;
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      (void)t.erase(it->first);
+      live.erase(it);
+    }
+    std::set<std::uintptr_t> pages;
+    for (const auto& [a, n] : live)
+      if (n <= MiB)
+        for (std::uintptr_t p = a / (2 * MiB); p <= (a + n - 1) / (2 * MiB); ++p) pages.insert(p);
+    agreed += pages.size() == t.small_pages() ? 1 : 0;
+    ++checks;
+  }
+  CHECK(agreed == checks);
+  CHECK(checks > 4000);
+}

@@ -2,6 +2,7 @@
 // its reset rules, over figures a stack reports.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <random>
 #include <vector>
@@ -120,7 +121,8 @@ TEST_CASE("device_statistics: a private pool's segments count in their kind, as 
   device_statistics d;
   d.on_allocate(pool_layout::block_bytes(512), 512);  // a small block outside the pools
   stack_figures f{.reserved = 4 * MiB, .in_use = 512, .chunks = 1, .free_blocks = 1};
-  d.observe(f);
+  d.observe(f, {}, 1);  // it lies in one 2 MiB page
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current == static_cast<std::int64_t>(2 * MiB));
   const auto before_small = d.reserved_bytes[pool_kind::small_pool].current;
   const auto before_segments = d.segment[pool_kind::small_pool].current;
   // A capture takes a 2 MiB small segment from strata and hands out three 512-byte blocks of it.
@@ -132,7 +134,7 @@ TEST_CASE("device_statistics: a private pool's segments count in their kind, as 
   pools.parked_bytes[pool_figures::index(true)] = 2 * MiB - 3 * 512;
   pools.parked_blocks[pool_figures::index(true)] = 1;
   f = stack_figures{.reserved = 6 * MiB, .in_use = 2 * MiB + 512, .chunks = 2, .free_blocks = 1};
-  d.observe(f, pools);
+  d.observe(f, pools, 1);
   CHECK(d.segment[pool_kind::small_pool].current - before_segments == 1);
   CHECK(d.reserved_bytes[pool_kind::small_pool].current - before_small == static_cast<std::int64_t>(2 * MiB));
   CHECK(d.reserved_bytes[pool_kind::small_pool].current + d.reserved_bytes[pool_kind::large_pool].current ==
@@ -141,13 +143,25 @@ TEST_CASE("device_statistics: a private pool's segments count in their kind, as 
   CHECK(d.inactive_split_bytes[pool_kind::small_pool].current == static_cast<std::int64_t>(2 * MiB - 3 * 512));
   CHECK(d.inactive_split[pool_kind::small_pool].current == 1);
   CHECK(d.active_bytes[pool_kind::small_pool].current == 4 * 512);
-  // Two more small blocks outside the pools fit the small segment already counted: reserved does not move.
+  // Two more small blocks outside the pools, in the page of the first: reserved does not move.
   const auto small_now = d.reserved_bytes[pool_kind::small_pool].current;
   d.on_allocate(512, 512);
   d.on_allocate(512, 512);
   f.in_use += 1024;
-  d.observe(f, pools);
+  d.observe(f, pools, 1);
   CHECK(d.reserved_bytes[pool_kind::small_pool].current == small_now);
+  // A small block in a page of its own brings that page in, as a new small segment would.
+  d.on_allocate(512, 512);
+  f.in_use += 512;
+  d.observe(f, pools, 2);
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current - small_now == static_cast<std::int64_t>(2 * MiB));
+  // Never what the large pool's live blocks need: a large block filling the rest leaves the small pool its live bytes.
+  d.on_allocate(3 * MiB, 3 * MiB);
+  f.in_use += 3 * MiB;
+  f.reserved = f.in_use;
+  d.observe(f, pools, 2);
+  CHECK(d.reserved_bytes[pool_kind::large_pool].current >= d.allocated_bytes[pool_kind::large_pool].current);
+  CHECK(d.reserved_bytes[pool_kind::small_pool].current >= d.allocated_bytes[pool_kind::small_pool].current);
 }
 
 TEST_CASE("device_statistics: reset_peaks moves peaks to current; reset_accumulated clears totals and counts")
@@ -263,16 +277,19 @@ TEST_CASE("device_statistics: the small pool reserves its live blocks, the large
     f.reserved = live_bytes + (rng() % 64) * MiB;
     f.releasable = (f.reserved - f.in_use) / 2;
     f.chunks = 1 + live.size() / 4;
-    d.observe(f);
+    std::size_t small_live = 0;
+    for (std::size_t n : live) small_live += n <= MiB ? n : 0;
+    const std::size_t pages = small_live == 0 ? 0 : (small_live + 2 * MiB - 1) / (2 * MiB) + rng() % 3;
+    d.observe(f, {}, pages);
     for (const stat_array* a : {&d.reserved_bytes, &d.segment, &d.inactive_split_bytes, &d.inactive_split, &d.allocated_bytes}) {
       CHECK((*a)[pool_kind::all].current == (*a)[pool_kind::small_pool].current + (*a)[pool_kind::large_pool].current);
       ++checked;
     }
-    // The small pool: its live blocks, rounded up to a whole 2 MiB segment where idle memory allows.
-    const auto small_over = d.reserved_bytes[pool_kind::small_pool].current - d.allocated_bytes[pool_kind::small_pool].current;
-    CHECK(small_over >= 0);
-    CHECK(small_over < static_cast<std::int64_t>(2 * MiB));
-    if (f.reserved - f.in_use >= 2 * MiB) CHECK(d.reserved_bytes[pool_kind::small_pool].current % static_cast<std::int64_t>(2 * MiB) == 0);
+    // The small pool: the pages of its live blocks, never less than those blocks, never what large ones need.
+    const auto small_reserved = static_cast<std::size_t>(d.reserved_bytes[pool_kind::small_pool].current);
+    CHECK(small_reserved >= small_live);
+    CHECK(small_reserved <= std::max(small_live, pages * 2 * MiB));
+    if (f.reserved - f.in_use >= pages * 2 * MiB) CHECK(small_reserved == std::max(small_live, pages * 2 * MiB));
     CHECK(d.reserved_bytes[pool_kind::large_pool].current >= d.allocated_bytes[pool_kind::large_pool].current);
     CHECK(d.inactive_split_bytes[pool_kind::all].current ==
           static_cast<std::int64_t>(f.reserved - f.in_use - f.releasable));
