@@ -275,6 +275,8 @@ public:
   {
     if (live_.find(base) != nullptr) throw std::logic_error("block_table: address " + std::to_string(base) + " is already live");
     pool_state& p = pool_of(b.pool, "insert");
+    if (p.segments.count(base) != 0)
+      throw std::logic_error("block_table: pool " + b.pool.text() + " already has a segment at " + std::to_string(base));
     if (b.size == 0 || b.size > segment_bytes)
       throw std::invalid_argument("block_table: a block of " + std::to_string(b.size) + " bytes does not fit a segment of " +
                                   std::to_string(segment_bytes));
@@ -311,6 +313,20 @@ public:
   }
 
   const block* find(std::uintptr_t address) const noexcept { return live_.find(address); }
+
+  /// Whether the live block at `address` is PyTorch's small kind: in a private pool its segment's kind (a
+  /// no-split pool hands a small request a whole segment), outside the pools its size's. False when not live.
+  /// O(1) outside the pools, O(log pieces) inside.
+  bool counts_as_small(std::uintptr_t address) const noexcept
+  {
+    const block* b = live_.find(address);
+    if (b == nullptr) return false;
+    if (b->pool.none()) return pool_layout::is_small(pool_layout::block_bytes(b->size));
+    const auto pit = pools_.find(b->pool);
+    if (pit == pools_.end()) return false;
+    const auto it = pit->second.pieces.find(address);
+    return it != pit->second.pieces.end() && it->second.small;
+  }
 
   /// record_stream of a live block in a private pool: its reuse in the pool must wait for `stream`'s work at
   /// its free. False (nothing noted) for a block outside the pools or not live: the caller notes the use where

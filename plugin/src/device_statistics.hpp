@@ -131,10 +131,11 @@ public:
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
 
-  /// A block of `bytes` (asked for `requested`) handed out.
-  void on_allocate(std::size_t bytes, std::size_t requested) noexcept
+  /// A block of `bytes` (asked for `requested`) handed out, of PyTorch's kind `k` (by its size unless a
+  /// private pool's segment says otherwise).
+  void on_allocate(std::size_t bytes, std::size_t requested) noexcept { on_allocate(bytes, requested, kind_of(bytes)); }
+  void on_allocate(std::size_t bytes, std::size_t requested, pool_kind k) noexcept
   {
-    const pool_kind k = kind_of(bytes);
     allocation.increase(k, 1);
     allocated_bytes.increase(k, bytes);
     requested_bytes.increase(k, requested);
@@ -143,10 +144,10 @@ public:
     ++live_blocks_;
     live_bytes_ += bytes;
   }
-  /// A block handed out by on_allocate is freed (or parked for a graph pool).
-  void on_free(std::size_t bytes, std::size_t requested) noexcept
+  /// A block handed out by on_allocate is freed (or parked for a graph pool), counted in the kind it was.
+  void on_free(std::size_t bytes, std::size_t requested) noexcept { on_free(bytes, requested, kind_of(bytes)); }
+  void on_free(std::size_t bytes, std::size_t requested, pool_kind k) noexcept
   {
-    const pool_kind k = kind_of(bytes);
     allocation.decrease(k, 1);
     allocated_bytes.decrease(k, bytes);
     requested_bytes.decrease(k, requested);
@@ -197,12 +198,12 @@ public:
   }
 
   /// After blocks changed wholesale (a graph pool's checkpoint restored): the live figures recounted from
-  /// `live` ({size, requested} of every block live now), each difference counted as added or removed.
+  /// `live` ({size, requested, kind} of every block live now), each difference counted as added or removed.
   template <class Range>
   void recount_live(const Range& live) noexcept
   {
     device_statistics fresh;
-    for (const auto& [bytes, requested] : live) fresh.on_allocate(bytes, requested);
+    for (const auto& [bytes, requested, kind] : live) fresh.on_allocate(bytes, requested, kind);
     const std::pair<stat_array*, const stat_array*> pairs[] = {{&allocation, &fresh.allocation},
                                                                {&allocated_bytes, &fresh.allocated_bytes},
                                                                {&requested_bytes, &fresh.requested_bytes}};

@@ -38,6 +38,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -147,24 +148,23 @@ private:
   bool held_ = true;
 };
 
-/// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
-/// Guarded by the device's lock (device_lock).
 /// A capture as CUDA keeps it, for capture_frontiers (capture_order.hpp): a stream's capture frontier and a
 /// node's dependencies. A query CUDA refuses reads as "not capturing" / "no dependencies known", which keeps
 /// a free deferred rather than reuse a block too early.
 struct cuda_capture_graph {
   using node = cudaGraphNode_t;
-  std::optional<std::vector<node>> frontier(void* stream)
+  std::optional<strata::plugin::capture_point<node>> frontier(void* stream)
   {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
     const cudaGraphNode_t* deps = nullptr;
     size_t n = 0;
-    if (cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, nullptr, nullptr, &deps, nullptr, &n) != cudaSuccess) {
+    if (cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &id, nullptr, &deps, nullptr, &n) != cudaSuccess) {
       (void)cudaGetLastError();
       return std::nullopt;
     }
     if (status != cudaStreamCaptureStatusActive) return std::nullopt;
-    return std::vector<node>(deps, deps + n);
+    return strata::plugin::capture_point<node>{id, std::vector<node>(deps, deps + n)};
   }
   std::vector<node> predecessors(node n)
   {
@@ -182,11 +182,15 @@ struct cuda_capture_graph {
 
 // Note [A MemPool's own allocator counts against the cap]
 // PyTorch's per-process memory fraction caps everything its allocator holds, a MemPool's own allocator's
-// segments (MemPool(allocator=...)) included, and such a pool caches its segments like any private pool. So
-// here: those segments are cut and reused in the block table, at PyTorch's sizes; a new one is taken only
-// when strata's held memory, the pools' own segments and it fit the cap; and an allocation strata serves
-// that takes strata past the cap those segments leave is given back and refused as out of memory (after
-// strata has returned its idle memory), so that use_on_oom pools may serve it as PyTorch's allocator would.
+// segments (MemPool(allocator=...)) included, and such a pool caches its segments like any private pool, a
+// released pool's until empty_cache. So here: those segments are cut and reused in the block table, at
+// PyTorch's sizes, and kept idle once their released pool gives them up, until empty_cache hands them back; a
+// new one is taken only when strata's held memory, the pools' own segments and it fit the cap; and an
+// allocation strata serves that takes strata past the cap those segments leave is given back and refused as
+// out of memory (after strata has returned its idle memory), so that use_on_oom pools may serve it as
+// PyTorch's allocator would.
+/// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
+/// Guarded by the device's lock (device_lock).
 struct device_view {
   explicit device_view(int device) noexcept : waits(device) {}
   strata::plugin::device_statistics stats;
@@ -206,15 +210,29 @@ struct device_view {
   strata::plugin::segment_figures segment_figures{};
   /// MemPools with an allocator of their own (MemPool(allocator=...), NCCL's ncclMemAlloc pool the common one):
   /// their segments come from that allocator, at PyTorch's sizes, and are cut and reused in the block table as
-  /// any private pool's; a segment goes back to its allocator when the pool is released and nothing of it is
-  /// live (Note [A MemPool's own allocator counts against the cap]).
+  /// any private pool's; a segment its released pool gave up stays idle until empty_cache hands it back (Note
+  /// [A MemPool's own allocator counts against the cap]).
   std::map<pool_id, std::shared_ptr<alloc::CUDAAllocator>> foreign_pools;
   struct foreign_segment {
     std::shared_ptr<alloc::CUDAAllocator> from;
     size_t size;
   };
   std::unordered_map<std::uintptr_t, foreign_segment> foreign_segments;
-  size_t foreign_bytes = 0;  ///< held from MemPools' own allocators: counted as reserved, as PyTorch counts them
+  /// A segment its released pool gave up whole: kept, and counted as reserved, until empty_cache hands it back
+  /// to its allocator (after the work on its streams), as PyTorch keeps a released pool's segments. Room for
+  /// every segment is kept in the vector, so that a free moves one here without allocating.
+  struct idle_segment {
+    std::shared_ptr<alloc::CUDAAllocator> from;
+    void* segment = nullptr;
+    size_t size = 0;
+    pool_id pool{};
+    void* stream = nullptr;     ///< the stream it served
+    std::vector<void*> uses;    ///< other streams its pieces were recorded on
+  };
+  std::vector<idle_segment> foreign_idle;
+  size_t foreign_bytes = 0;       ///< held from MemPools' own allocators (idle ones too): counted as reserved
+  size_t foreign_idle_bytes = 0;  ///< of those, given up by their pools
+  std::uint64_t cap_ooms = 0;     ///< requests refused for the cap that MemPools' own allocators share
 };
 
 void local_raw_delete(void* ptr);
@@ -249,16 +267,25 @@ public:
     // private pool under way (a capture may be running, where the release's host waits are illegal): there
     // nothing is released and nothing raised, as PyTorch's allocator does. A private pool's parked blocks stay
     // (its graphs replay at their addresses) until the pool is released. A private pool's id (MemPool's
-    // destructor, after releasePool): strata took that pool's blocks back at its release, so nothing of the
-    // pool is left to empty, and nothing of another pool or device is touched; this path never throws.
+    // destructor, after releasePool): strata took that pool's blocks back at its release, so what is left to
+    // empty is the idle segments of the pool's own allocator, if it has one; nothing of another pool or device
+    // is touched; this path never throws. Idle segments of MemPools' own allocators go back to them here, after
+    // the work on them (not while an allocation to a pool is under way: a capture may be running).
     if (!to_pool(mempool_id).none()) {
       try {
         const int count = device_count_.load(std::memory_order_acquire);
         for (int d = 0; d < count; ++d) {
           device_view& v = *views_[static_cast<std::size_t>(d)];
-          device_lock lock(d);
-          if (v.routes.empty()) settle_waits(v);
-          observe(v, static_cast<c10::DeviceIndex>(d));
+          std::vector<device_view::idle_segment> idle;
+          {
+            device_lock lock(d);
+            if (v.routes.empty()) {
+              settle_waits(v);
+              idle = take_idle(v, to_pool(mempool_id));
+            }
+            observe(v, static_cast<c10::DeviceIndex>(d));
+          }
+          hand_back_idle(idle);
         }
       } catch (...) {  // a destructor's path: figures read late are harmless, an exception is not
       }
@@ -268,19 +295,24 @@ public:
     const int count = device_count_.load(std::memory_order_acquire);
     for (int d = 0; d < count; ++d) {
       device_view& v = *views_[static_cast<std::size_t>(d)];
-      device_lock lock(d);
-      if (v.routes.empty()) {
-        settle_waits(v);
-        try {
-          v.waits.drain(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
-        } catch (const std::exception& e) {
-          failure = e.what();
+      std::vector<device_view::idle_segment> idle;
+      {
+        device_lock lock(d);
+        if (v.routes.empty()) {
+          settle_waits(v);
+          try {
+            v.waits.drain(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
+            idle = take_idle(v, {});
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
         }
+        strata_report_error("");  // the thread's last message may be an older call's
+        if (strata_reset_device(d) != 0 && failure.empty()) failure = strata_last_error();
+        observe(v, static_cast<c10::DeviceIndex>(d));
+        track_segments(v, static_cast<c10::DeviceIndex>(d));
       }
-      strata_report_error("");  // the thread's last message may be an older call's
-      if (strata_reset_device(d) != 0 && failure.empty()) failure = strata_last_error();
-      observe(v, static_cast<c10::DeviceIndex>(d));
-      track_segments(v, static_cast<c10::DeviceIndex>(d));
+      hand_back_idle(idle);
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
   }
@@ -472,22 +504,17 @@ public:
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    std::vector<foreign_return> to_allocators;
-    for (const auto& segment : returned) give_back(v, device, segment, to_allocators);  // whole segments
+    for (auto& segment : returned) give_back(v, device, std::move(segment), id);  // whole segments
     if (v.blocks.use_count(id) == 0) {
       try {
         strata_release_pool(device, mempool_id);
       } catch (const std::exception& e) {
-        lock.unlock();
-        return_to_allocators(to_allocators);
         TORCH_CHECK(false, "strata: releasePool(", id.text(), "): ", e.what());
       }
     }
     if (v.blocks.use_count(id) == 0) v.foreign_pools.erase(id);  // its segments still live keep their allocator
     observe(v, device);
     track_segments(v, device);
-    lock.unlock();
-    return_to_allocators(to_allocators);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override
   {
@@ -754,23 +781,21 @@ public:
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
       const bool defer = !v.routes.empty();  // see block_table.hpp's Note on stream-ordered reuse
+      const auto kind = kind_in(v, reinterpret_cast<std::uintptr_t>(ptr));
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
       const auto& b = gone->b;
       forget_export(ptr);  // before the address can be handed out (and shared) again
-      std::vector<foreign_return> to_allocators;
-      if (gone->to_strata) give_back(v, d, *gone->to_strata, to_allocators);
+      if (gone->to_strata) give_back(v, d, std::move(*gone->to_strata), b.pool);
       else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
       else if (gone->parked && gone->ticket != 0 && reuse_within_capture()) note_capture_free(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b);
-      v.stats.on_free(counted(b.size), b.requested);
+      v.stats.on_free(counted(b.size), b.requested, kind);
       apply(v);
       if (recording(v)) {
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
         record(v, d, strata::plugin::trace_action::free_completed, ptr, b.size, b.stream, b.pool, context);
       }
       changed(v, static_cast<c10::DeviceIndex>(d), ptr, -static_cast<std::int64_t>(b.size));
-      lock.unlock();
-      return_to_allocators(to_allocators);
       return;
     }
     TORCH_CHECK(false, "strata: invalid device pointer: ", ptr, " was not allocated by strata (or was freed already)");
@@ -913,6 +938,11 @@ private:
 
   /// A block's bytes in the figures: PyTorch's block size (pool_layout.hpp), whatever strata cut for it.
   static size_t counted(size_t bytes) { return strata::plugin::pool_layout::block_bytes(bytes); }
+  /// A live block's kind in the figures (block_table::counts_as_small).
+  static strata::plugin::pool_kind kind_in(const device_view& v, std::uintptr_t address) noexcept
+  {
+    return v.blocks.counts_as_small(address) ? strata::plugin::pool_kind::small_pool : strata::plugin::pool_kind::large_pool;
+  }
 
   /// Reads the stack's figures (outside the allocation and free paths, which are handed them) and applies them.
   static void observe(device_view& v, c10::DeviceIndex device)
@@ -927,16 +957,21 @@ private:
   static void apply(device_view& v)
   {
     strata::plugin::stack_figures f = figures_of(v.last);
-    f.reserved += v.foreign_bytes;  // MemPools' own allocators' segments, counted by the pools' figures
-    f.in_use += v.foreign_bytes;
+    // MemPools' own allocators' segments: those in their pools are counted by the pools' figures; idle ones
+    // are segments of their own, wholly free, which empty_cache hands back.
+    f.reserved += v.foreign_bytes;
+    f.in_use += v.foreign_bytes - v.foreign_idle_bytes;
+    f.chunks += v.foreign_idle.size();
+    f.releasable += v.foreign_idle_bytes;
+    f.ooms += v.cap_ooms;
     v.stats.observe(f, v.blocks.figures(), v.blocks.small_pages());
   }
 
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
   {
-    std::vector<std::pair<std::size_t, std::size_t>> live;
-    v.blocks.for_each_live([&](std::uintptr_t, const auto& b) { live.emplace_back(counted(b.size), b.requested); });
+    std::vector<std::tuple<std::size_t, std::size_t, strata::plugin::pool_kind>> live;
+    v.blocks.for_each_live([&](std::uintptr_t a, const auto& b) { live.emplace_back(counted(b.size), b.requested, kind_in(v, a)); });
     v.stats.recount_live(live);
   }
 
@@ -950,44 +985,52 @@ private:
     strata_free_observed(p, b.size, device, static_cast<cudaStream_t>(b.stream), figures);
   }
 
-  /// A MemPool's own allocator's segment on its way back to it.
-  struct foreign_return {
-    std::shared_ptr<alloc::CUDAAllocator> from;
-    void* segment = nullptr;
-    std::vector<void*> streams;  ///< whose work on it is waited for first
-  };
-
-  /// A segment a private pool gave up, whole: to its MemPool's own allocator (listed, to be called without
-  /// the device's lock) or to strata's stack. Device lock held.
-  static void give_back(device_view& v, int device, const std::pair<std::uintptr_t, strata::plugin::live_block<context_ptr>>& segment,
-                        std::vector<foreign_return>& to_allocators) noexcept
+  /// A segment a private pool gave up, whole: to strata's stack, or, a MemPool's own allocator's, kept idle
+  /// for empty_cache to hand back (device_view::idle_segment). Device lock held; allocates nothing.
+  static void give_back(device_view& v, int device, std::pair<std::uintptr_t, strata::plugin::live_block<context_ptr>>&& segment,
+                        pool_id pool) noexcept
   {
     const auto f = v.foreign_segments.find(segment.first);
     if (f == v.foreign_segments.end()) {
       free_to_strata(device, segment.first, segment.second, &v.last);
       return;
     }
-    foreign_return r{f->second.from, reinterpret_cast<void*>(segment.first), {}};
-    v.foreign_bytes -= f->second.size;
+    device_view::idle_segment idle{f->second.from, reinterpret_cast<void*>(segment.first), f->second.size, pool,
+                                   segment.second.stream, std::move(segment.second.uses)};
     v.foreign_segments.erase(f);
-    try {
-      r.streams = segment.second.uses;
-      r.streams.push_back(segment.second.stream);
-      to_allocators.push_back(std::move(r));
-    } catch (...) {  // no host memory for the list: the segment goes back now, its streams waited for
-      for (void* st : segment.second.uses) (void)cudaStreamSynchronize(static_cast<cudaStream_t>(st));
-      (void)cudaStreamSynchronize(static_cast<cudaStream_t>(segment.second.stream));
-      r.from->raw_delete(r.segment);
-    }
+    v.foreign_idle_bytes += idle.size;
+    v.foreign_idle.push_back(std::move(idle));  // room kept by allocate_foreign
   }
 
-  /// Hands segments back to MemPools' own allocators once the work queued on them is done (their allocators
-  /// free at once, as cudaFree does not wait for streams). Without the device's lock.
-  static void return_to_allocators(std::vector<foreign_return>& list) noexcept
+  /// The idle segments of MemPools' own allocators (of `pool` only, unless it is (0, 0)), taken off the
+  /// device's books to be handed back by hand_back_idle. Device lock held.
+  static std::vector<device_view::idle_segment> take_idle(device_view& v, pool_id pool)
   {
-    for (foreign_return& r : list) {
-      for (void* st : r.streams)
-        if (cudaStreamSynchronize(static_cast<cudaStream_t>(st)) != cudaSuccess) (void)cudaGetLastError();  // a free's path: never throws
+    std::vector<device_view::idle_segment> out;
+    out.reserve(v.foreign_idle.size());  // before anything moves: nothing below throws
+    for (auto it = v.foreign_idle.begin(); it != v.foreign_idle.end();) {
+      if (!pool.none() && it->pool != pool) {
+        ++it;
+        continue;
+      }
+      v.foreign_bytes -= it->size;
+      v.foreign_idle_bytes -= it->size;
+      out.push_back(std::move(*it));
+      it = v.foreign_idle.erase(it);
+    }
+    return out;
+  }
+
+  /// Hands idle segments back to their allocators once the work queued on them is done (an allocator frees at
+  /// once, as cudaFree does not wait for streams). Without the device's lock: a Python allocator takes the GIL.
+  static void hand_back_idle(std::vector<device_view::idle_segment>& list) noexcept
+  {
+    const auto wait = [](void* st) {
+      if (cudaStreamSynchronize(static_cast<cudaStream_t>(st)) != cudaSuccess) (void)cudaGetLastError();
+    };
+    for (device_view::idle_segment& r : list) {
+      wait(r.stream);
+      for (void* st : r.uses) wait(st);
       r.from->raw_delete(r.segment);
     }
     list.clear();
@@ -1125,7 +1168,6 @@ private:
     }
   }
 
-  /// A block of a MemPool with its own allocator: that allocator's, counted as PyTorch counts it.
   /// A block of a MemPool served by its own allocator: a parked piece of its segments, else a new segment from
   /// that allocator at PyTorch's size, after the cap has room for it (Note [A MemPool's own allocator counts
   /// against the cap]). The allocator is called without the device's lock: it takes its own locks, and a
@@ -1139,30 +1181,49 @@ private:
       device_lock lock(device);
       if (void* p = revive_in(v, device, pool, size, stream, context)) return p;
       if (!cap_has_room(v, device, segment)) {
+        ++v.cap_ooms;
+        apply(v);
         const std::string message = out_of_memory_message(v, device, segment, stream,
                                                           "MemPool " + pool.text() + "'s allocator (" + from->name() +
                                                               ") would take the process past its memory cap");
         lock.unlock();
         throw_out_of_memory(device, v, message);
       }
+      // Room for the segment's idle entry later (a free must not allocate), and its bytes counted now, so
+      // that another thread's check sees them while the allocator runs without the lock.
+      v.foreign_idle.reserve(v.foreign_segments.size() + v.foreign_idle.size() + 1);
+      v.foreign_bytes += segment;
     }
-    void* p = from->raw_alloc_with_stream(segment, stream);
-    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "strata: MemPool ", pool.text(), "'s allocator (", from->name(),
-                     ") could not allocate ", bytes_text(segment));
+    const auto unreserve = [&] {
+      device_lock lock(device);
+      v.foreign_bytes -= segment;
+    };
+    void* p = nullptr;
+    try {
+      p = from->raw_alloc_with_stream(segment, stream);
+    } catch (...) {
+      unreserve();
+      throw;
+    }
+    if (p == nullptr) {
+      unreserve();
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "strata: MemPool ", pool.text(), "'s allocator (", from->name(),
+                       ") could not allocate ", bytes_text(segment));
+    }
     const auto base = reinterpret_cast<std::uintptr_t>(p);
     device_lock lock(device);
     size_t handed = 0;
     try {
       v.foreign_segments.emplace(base, device_view::foreign_segment{from, segment});
       handed = v.blocks.insert_segment(base, segment, {block, size, stream, pool, context});
-    } catch (...) {
+    } catch (const std::exception& e) {
       v.foreign_segments.erase(base);
+      v.foreign_bytes -= segment;
       lock.unlock();
       from->raw_delete(p);
-      throw;
+      TORCH_CHECK(false, "strata: MemPool ", pool.text(), ": ", e.what());
     }
-    v.foreign_bytes += segment;
-    v.stats.on_allocate(handed, size);
+    v.stats.on_allocate(handed, size, kind_in(v, base));
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1175,7 +1236,7 @@ private:
     const auto revived = v.blocks.revive(pool, size, size, stream, context);
     if (!revived) return nullptr;
     void* p = reinterpret_cast<void*>(*revived);
-    v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be larger (pool_layout.hpp)
+    v.stats.on_allocate(v.blocks.find(*revived)->size, size, kind_in(v, *revived));  // the piece may be larger (pool_layout.hpp)
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1246,6 +1307,7 @@ private:
       lock.lock();
       if (freed) attempt();
     }
+    const bool strata_refused = out_of_memory;  // counted by strata's stack
     if (p != nullptr && v.foreign_bytes != 0 && !cap_has_room(v, device, 0)) {
       // Strata grew past the cap that MemPools' own allocators share (Note [A MemPool's own allocator counts
       // against the cap]): the block goes back and strata's idle memory with it, and the request is refused.
@@ -1259,13 +1321,15 @@ private:
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
-        if (strata_oom_served(device) == 0) --v.last.ooms;  // the caller got its memory: not an out of memory it saw
-        v.stats.on_allocate(v.blocks.find(*revived)->size, size);
+        // The caller got its memory: not an out of memory it saw (a refusal for the cap was never counted).
+        if (strata_refused && strata_oom_served(device) == 0) --v.last.ooms;
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size, kind_in(v, *revived));
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
+      if (!strata_refused) ++v.cap_ooms;
       apply(v);  // the refusal filled v.last
       const std::string message = out_of_memory_message(v, device, taken, stream, failure);
       lock.unlock();
@@ -1281,7 +1345,7 @@ private:
       apply(v);
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    v.stats.on_allocate(handed, size);
+    v.stats.on_allocate(handed, size, kind_in(v, reinterpret_cast<std::uintptr_t>(p)));
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));

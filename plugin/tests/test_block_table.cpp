@@ -338,6 +338,7 @@ struct pool_allocator {
   pool_id pool;
   std::uintptr_t next = 0x100000000;
   std::size_t segments = 0;
+  std::vector<std::uintptr_t> bases{};
   std::uintptr_t operator()(std::size_t size, void* stream, std::string ctx = {})
   {
     if (const auto a = t.revive(pool, size, size, stream, ctx)) return *a;
@@ -345,6 +346,7 @@ struct pool_allocator {
     const std::uintptr_t base = next;
     next += 1024 * MiB;
     ++segments;
+    bases.push_back(base);
     (void)t.insert_segment(base, pool_layout::segment_bytes(block), {block, size, stream, pool, std::move(ctx), {}});
     return base;
   }
@@ -623,6 +625,16 @@ TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best 
   pool_allocator alloc{t, user};
   const auto first = alloc(512, stream_a());
   CHECK(t.find(first)->size == 2 * MiB);  // a new segment is handed out whole too
+  CHECK(t.counts_as_small(first));          // and counts in its segment's kind, not its size's
+  CHECK(!t.counts_as_small(0x1000000));
+  CHECK(!t.counts_as_small(0x7777));         // not live
+  t.insert(0x9000000, in({}, 4096));
+  CHECK(t.counts_as_small(0x9000000));
+  (void)t.erase(0x1000000);  // parked: its segment stays the pool's
+  const std::size_t parked = t.parked_bytes();
+  CHECK_THROWS_AS(t.insert_segment(0x1000000, 8 * MiB, {4 * MiB, 4 * MiB, stream_a(), user, {}, {}}), std::logic_error);
+  CHECK(t.parked_bytes() == parked);  // the table as it was
+  CHECK(t.revive(user, 8 * MiB, 8 * MiB, stream_a()) == std::optional<std::uintptr_t>{0x1000000});
 }
 
 TEST_CASE("block_table: the small pool's pages are the 2 MiB pages holding live small blocks outside the pools")
@@ -673,4 +685,80 @@ TEST_CASE("block_table: the small pool's pages are the 2 MiB pages holding live 
   }
   CHECK(agreed == checks);
   CHECK(checks > 4000);
+}
+
+TEST_CASE("block_table: random traffic with record_stream, settling, checkpoints and a release keeps the figures a recount gives")
+{
+  std::mt19937_64 rng(31);
+  table t;
+  t.create_or_incref(graph);
+  pool_allocator alloc{t, graph};
+  std::map<std::uintptr_t, std::uint64_t> unsettled;  // address -> ticket
+  std::vector<std::uintptr_t> live;
+  pool_checkpoint<std::string> saved = t.checkpoint(0, graph);
+  const auto recount_matches = [&] {
+    pool_figures f{};
+    for (std::uintptr_t base : alloc.bases) {
+      const auto seg = t.segment_at(base);
+      if (!seg) continue;
+      const std::size_t k = pool_figures::index(seg->small);
+      ++f.segments[k];
+      f.segment_bytes[k] += seg->size;
+      (void)t.for_each_piece(base, [&](const pool_piece& pc) {
+        if (pc.live) {
+          f.live_bytes[k] += pc.size;
+        } else {
+          f.parked_bytes[k] += pc.size;
+          ++f.parked_blocks[k];
+        }
+      });
+    }
+    const pool_figures& g = t.figures();
+    return f.segments == g.segments && f.segment_bytes == g.segment_bytes && f.live_bytes == g.live_bytes &&
+           f.parked_bytes == g.parked_bytes && f.parked_blocks == g.parked_blocks;
+  };
+  std::size_t matched = 0, steps = 0, settled = 0, restored = 0;
+  for (int i = 0; i < 6000; ++i) {
+    const auto r = rng() % 20;
+    if (r < 8 || live.empty()) {
+      const std::size_t size = rng() % 3 == 0 ? 1 + rng() % (12 * MiB) : 1 + rng() % MiB;
+      live.push_back(alloc(size, stream_a()));
+    } else if (r < 15) {
+      const std::size_t k = rng() % live.size();
+      const std::uintptr_t a = live[k];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      if (rng() % 3 == 0) (void)t.record_use(a, stream_b());
+      const auto e = t.erase(a, rng() % 4 == 0);
+      if (e && e->ticket != 0) unsettled[a] = e->ticket;
+    } else if (r < 17 && !unsettled.empty()) {
+      auto it = unsettled.begin();
+      std::advance(it, static_cast<long>(rng() % unsettled.size()));
+      settled += t.settle(it->first, it->second) ? 1 : 0;
+      unsettled.erase(it);
+    } else if (r == 17) {
+      saved = t.checkpoint(0, graph);
+    } else if (r == 18) {
+      (void)t.restore(saved);
+      live.clear();
+      for (const auto& [a, b] : saved.blocks) live.push_back(a);
+      unsettled.clear();  // a restore retickets what it parks
+      ++restored;
+    } else {
+      (void)t.take_deferred();
+    }
+    matched += recount_matches() ? 1 : 0;
+    ++steps;
+  }
+  CHECK(matched == steps);
+  CHECK(settled > 50);
+  CHECK(restored > 50);
+  // Released with live pieces: segments go back as their last piece is freed; the figures follow to zero.
+  (void)t.release(graph);
+  CHECK(recount_matches());
+  for (std::uintptr_t a : live) (void)t.erase(a);
+  for (const auto& [a, ticket] : unsettled) (void)t.settle(a, ticket);
+  CHECK(t.pool_segments() == 0);
+  CHECK(t.parked_bytes() == 0);
+  CHECK(t.figures().live_bytes[0] + t.figures().live_bytes[1] == 0);
+  CHECK(!t.known(graph));
 }

@@ -19,17 +19,23 @@ struct pretend_graph {
   using node = int;
   std::map<int, std::vector<int>> deps;
   std::map<void*, std::vector<int>> frontiers;  ///< absent: the stream is not capturing
+  std::map<void*, unsigned long long> ids;      ///< a capturing stream's capture (1 unless set)
   int next = 1;
   int queries = 0;
+  int walked = 0;
 
-  std::optional<std::vector<int>> frontier(void* stream)
+  std::optional<capture_point<int>> frontier(void* stream)
   {
     ++queries;
     const auto it = frontiers.find(stream);
     if (it == frontiers.end()) return std::nullopt;
-    return it->second;
+    return capture_point<int>{ids.count(stream) ? ids[stream] : 1, it->second};
   }
-  std::vector<int> predecessors(int n) { return deps[n]; }
+  std::vector<int> predecessors(int n)
+  {
+    ++walked;
+    return deps[n];
+  }
   /// Work captured on `stream`: a node after its frontier, which it becomes.
   int launch(void* stream)
   {
@@ -108,6 +114,37 @@ TEST_CASE("capture_frontiers: a use stream outside the capture keeps the free de
   const int before = g.queries;
   CHECK(f.ordered_before(stream(1), g).empty());
   CHECK(g.queries == before);  // nothing noted for the stream: the graph is not walked
+}
+
+TEST_CASE("capture_frontiers: a free noted in one capture never settles in the next; the walk stops once it has met its nodes")
+{
+  pretend_graph g;
+  capture_frontiers<pretend_graph> f;
+  void* const s1 = stream(1);
+  void* const s2 = stream(2);
+  g.frontiers[s1] = {};
+  g.join(s2, s1);
+  g.launch(s2);
+  REQUIRE(f.note(0x6000, 4, s1, {s2}, g));
+  g.ids[s1] = 2;  // the capture ended and another began on s1: the old graph's nodes mean nothing there
+  g.join(s1, s2);
+  CHECK(f.ordered_before(s1, g).empty());
+  CHECK(f.empty());  // forgotten: it stays deferred until no capture is under way
+  g.ids[s2] = 3;
+  CHECK(!f.note(0x7000, 5, s1, {s2}, g));  // a use stream in another capture: not noted
+
+  // A long chain on s1 before the fork: the walk from the join stops at the fork's node.
+  pretend_graph h;
+  capture_frontiers<pretend_graph> k;
+  h.frontiers[s1] = {};
+  for (int i = 0; i < 1000; ++i) h.launch(s1);
+  h.join(s2, s1);
+  h.launch(s2);
+  REQUIRE(k.note(0x8000, 6, s1, {s2}, h));
+  h.join(s1, s2);
+  h.launch(s1);
+  REQUIRE(k.ordered_before(s1, h).size() == 1);
+  CHECK(h.walked < 10);
 }
 
 TEST_CASE("capture_frontiers: random forks and joins agree with a reachability oracle")
