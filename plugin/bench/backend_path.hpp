@@ -10,6 +10,7 @@
 #include <strata_alloc.h>
 
 #include "block_table.hpp"
+#include "pool_layout.hpp"
 #include "figures_of.hpp"
 #include "device_statistics.hpp"
 
@@ -26,18 +27,20 @@ public:
   {
     section s(*this);
     void* p = strata_malloc_or_throw_observed(n, 0, stream, &last_);
-    blocks_.insert(reinterpret_cast<std::uintptr_t>(p), {n, n, stream, {}, {}});
-    stats_.on_allocate(n, n);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    blocks_.insert(a, {n, n, stream, {}, {}});
+    stats_.on_allocate(plugin::pool_layout::block_bytes(n), n, kind(a));
     apply();
     return p;
   }
   void free(void* p)
   {
     section s(*this);
+    const auto k = kind(reinterpret_cast<std::uintptr_t>(p));
     const auto gone = blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
     const auto& b = gone->b;
     if (gone->to_strata) strata_free_observed(p, b.size, 0, static_cast<cudaStream_t>(b.stream), &last_);
-    stats_.on_free(b.size, b.requested);
+    stats_.on_free(plugin::pool_layout::block_bytes(b.size), b.requested, k);
     apply();
   }
   const plugin::device_statistics& stats() const noexcept { return stats_; }
@@ -57,7 +60,11 @@ private:
     }
   };
 
-  void apply() { stats_.observe(figures_of(last_), blocks_.parked_bytes(), blocks_.parked_blocks()); }
+  void apply() { stats_.observe(figures_of(last_), blocks_.figures(), blocks_.small_pages()); }
+  plugin::pool_kind kind(std::uintptr_t a) const noexcept
+  {
+    return blocks_.counts_as_small(a) ? plugin::pool_kind::small_pool : plugin::pool_kind::large_pool;
+  }
 
   std::mutex mutex_;
   plugin::device_statistics stats_;
