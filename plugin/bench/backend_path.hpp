@@ -29,18 +29,17 @@ public:
     void* p = strata_malloc_or_throw_observed(n, 0, stream, &last_);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     blocks_.insert(a, {n, n, stream, {}, {}});
-    stats_.on_allocate(plugin::pool_layout::block_bytes(n), n, kind(a));
+    stats_.on_allocate(plugin::pool_layout::block_bytes(n), n);
     apply();
     return p;
   }
   void free(void* p)
   {
     section s(*this);
-    const auto k = kind(reinterpret_cast<std::uintptr_t>(p));
     const auto gone = blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
     const auto& b = gone->b;
     if (gone->to_strata) strata_free_observed(p, b.size, 0, static_cast<cudaStream_t>(b.stream), &last_);
-    stats_.on_free(plugin::pool_layout::block_bytes(b.size), b.requested, k);
+    stats_.on_free(plugin::pool_layout::block_bytes(b.size), b.requested);
     apply();
   }
   const plugin::device_statistics& stats() const noexcept { return stats_; }
@@ -61,10 +60,6 @@ private:
   };
 
   void apply() { stats_.observe(figures_of(last_), blocks_.figures(), blocks_.small_pages()); }
-  plugin::pool_kind kind(std::uintptr_t a) const noexcept
-  {
-    return blocks_.counts_as_small(a) ? plugin::pool_kind::small_pool : plugin::pool_kind::large_pool;
-  }
 
   std::mutex mutex_;
   plugin::device_statistics stats_;

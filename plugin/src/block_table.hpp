@@ -314,20 +314,6 @@ public:
 
   const block* find(std::uintptr_t address) const noexcept { return live_.find(address); }
 
-  /// Whether the live block at `address` is PyTorch's small kind: in a private pool its segment's kind (a
-  /// no-split pool hands a small request a whole segment), outside the pools its size's. False when not live.
-  /// O(1) outside the pools, O(log pieces) inside.
-  bool counts_as_small(std::uintptr_t address) const noexcept
-  {
-    const block* b = live_.find(address);
-    if (b == nullptr) return false;
-    if (b->pool.none()) return pool_layout::is_small(pool_layout::block_bytes(b->size));
-    const auto pit = pools_.find(b->pool);
-    if (pit == pools_.end()) return false;
-    const auto it = pit->second.pieces.find(address);
-    return it != pit->second.pieces.end() && it->second.small;
-  }
-
   /// record_stream of a live block in a private pool: its reuse in the pool must wait for `stream`'s work at
   /// its free. False (nothing noted) for a block outside the pools or not live: the caller notes the use where
   /// the block's free goes (strata's stack). Recording the allocation stream notes nothing: its order covers it.

@@ -131,11 +131,12 @@ public:
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
 
-  /// A block of `bytes` (asked for `requested`) handed out, of PyTorch's kind `k` (by its size unless a
-  /// private pool's segment says otherwise).
-  void on_allocate(std::size_t bytes, std::size_t requested) noexcept { on_allocate(bytes, requested, kind_of(bytes)); }
-  void on_allocate(std::size_t bytes, std::size_t requested, pool_kind k) noexcept
+  /// A block of `bytes` (asked for `requested`) handed out. Its kind is the request's block's: a private pool
+  /// serves a request only from segments of that kind, though a piece handed out whole may be larger (a
+  /// no-split pool hands a small request a whole small segment).
+  void on_allocate(std::size_t bytes, std::size_t requested) noexcept
   {
+    const pool_kind k = kind_of(pool_layout::block_bytes(requested));
     allocation.increase(k, 1);
     allocated_bytes.increase(k, bytes);
     requested_bytes.increase(k, requested);
@@ -145,9 +146,9 @@ public:
     live_bytes_ += bytes;
   }
   /// A block handed out by on_allocate is freed (or parked for a graph pool), counted in the kind it was.
-  void on_free(std::size_t bytes, std::size_t requested) noexcept { on_free(bytes, requested, kind_of(bytes)); }
-  void on_free(std::size_t bytes, std::size_t requested, pool_kind k) noexcept
+  void on_free(std::size_t bytes, std::size_t requested) noexcept
   {
+    const pool_kind k = kind_of(pool_layout::block_bytes(requested));
     allocation.decrease(k, 1);
     allocated_bytes.decrease(k, bytes);
     requested_bytes.decrease(k, requested);
@@ -198,12 +199,12 @@ public:
   }
 
   /// After blocks changed wholesale (a graph pool's checkpoint restored): the live figures recounted from
-  /// `live` ({size, requested, kind} of every block live now), each difference counted as added or removed.
+  /// `live` ({size, requested} of every block live now), each difference counted as added or removed.
   template <class Range>
   void recount_live(const Range& live) noexcept
   {
     device_statistics fresh;
-    for (const auto& [bytes, requested, kind] : live) fresh.on_allocate(bytes, requested, kind);
+    for (const auto& [bytes, requested] : live) fresh.on_allocate(bytes, requested);
     const std::pair<stat_array*, const stat_array*> pairs[] = {{&allocation, &fresh.allocation},
                                                                {&allocated_bytes, &fresh.allocated_bytes},
                                                                {&requested_bytes, &fresh.requested_bytes}};

@@ -38,7 +38,6 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -781,7 +780,6 @@ public:
       device_view& v = *views_[static_cast<std::size_t>(d)];
       device_lock lock(d);
       const bool defer = !v.routes.empty();  // see block_table.hpp's Note on stream-ordered reuse
-      const auto kind = kind_in(v, reinterpret_cast<std::uintptr_t>(ptr));
       auto gone = v.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr), defer);
       if (!gone) continue;
       const auto& b = gone->b;
@@ -789,7 +787,7 @@ public:
       if (gone->to_strata) give_back(v, d, std::move(*gone->to_strata), b.pool);
       else if (gone->parked && gone->ticket != 0 && !defer) start_wait(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b.uses);
       else if (gone->parked && gone->ticket != 0 && reuse_within_capture()) note_capture_free(v, reinterpret_cast<std::uintptr_t>(ptr), gone->ticket, b);
-      v.stats.on_free(counted(b.size), b.requested, kind);
+      v.stats.on_free(counted(b.size), b.requested);
       apply(v);
       if (recording(v)) {
         record(v, d, strata::plugin::trace_action::free_requested, ptr, b.size, b.stream, b.pool, context);
@@ -938,11 +936,6 @@ private:
 
   /// A block's bytes in the figures: PyTorch's block size (pool_layout.hpp), whatever strata cut for it.
   static size_t counted(size_t bytes) { return strata::plugin::pool_layout::block_bytes(bytes); }
-  /// A live block's kind in the figures (block_table::counts_as_small).
-  static strata::plugin::pool_kind kind_in(const device_view& v, std::uintptr_t address) noexcept
-  {
-    return v.blocks.counts_as_small(address) ? strata::plugin::pool_kind::small_pool : strata::plugin::pool_kind::large_pool;
-  }
 
   /// Reads the stack's figures (outside the allocation and free paths, which are handed them) and applies them.
   static void observe(device_view& v, c10::DeviceIndex device)
@@ -970,8 +963,8 @@ private:
   /// After a checkpoint moved blocks wholesale: the live figures recounted from the table.
   static void recount(device_view& v)
   {
-    std::vector<std::tuple<std::size_t, std::size_t, strata::plugin::pool_kind>> live;
-    v.blocks.for_each_live([&](std::uintptr_t a, const auto& b) { live.emplace_back(counted(b.size), b.requested, kind_in(v, a)); });
+    std::vector<std::pair<std::size_t, std::size_t>> live;
+    v.blocks.for_each_live([&](std::uintptr_t, const auto& b) { live.emplace_back(counted(b.size), b.requested); });
     v.stats.recount_live(live);
   }
 
@@ -1223,7 +1216,7 @@ private:
       from->raw_delete(p);
       TORCH_CHECK(false, "strata: MemPool ", pool.text(), ": ", e.what());
     }
-    v.stats.on_allocate(handed, size, kind_in(v, base));
+    v.stats.on_allocate(handed, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1236,7 +1229,7 @@ private:
     const auto revived = v.blocks.revive(pool, size, size, stream, context);
     if (!revived) return nullptr;
     void* p = reinterpret_cast<void*>(*revived);
-    v.stats.on_allocate(v.blocks.find(*revived)->size, size, kind_in(v, *revived));  // the piece may be larger (pool_layout.hpp)
+    v.stats.on_allocate(v.blocks.find(*revived)->size, size);  // the piece may be larger (pool_layout.hpp)
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));
@@ -1323,7 +1316,7 @@ private:
         const pool_id owner = v.blocks.find(*revived)->pool;
         // The caller got its memory: not an out of memory it saw (a refusal for the cap was never counted).
         if (strata_refused && strata_oom_served(device) == 0) --v.last.ooms;
-        v.stats.on_allocate(v.blocks.find(*revived)->size, size, kind_in(v, *revived));
+        v.stats.on_allocate(v.blocks.find(*revived)->size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
@@ -1345,7 +1338,7 @@ private:
       apply(v);
       TORCH_CHECK(false, "strata: ", e.what());
     }
-    v.stats.on_allocate(handed, size, kind_in(v, reinterpret_cast<std::uintptr_t>(p)));
+    v.stats.on_allocate(handed, size);
     apply(v);
     record(v, device, strata::plugin::trace_action::alloc, p, size, stream, pool, context);
     changed(v, device, p, static_cast<std::int64_t>(size));

@@ -625,11 +625,11 @@ TEST_CASE("block_table: a no-split pool hands parked pieces out whole, the best 
   pool_allocator alloc{t, user};
   const auto first = alloc(512, stream_a());
   CHECK(t.find(first)->size == 2 * MiB);  // a new segment is handed out whole too
-  CHECK(t.counts_as_small(first));          // and counts in its segment's kind, not its size's
-  CHECK(!t.counts_as_small(0x1000000));
-  CHECK(!t.counts_as_small(0x7777));         // not live
+  CHECK(pool_layout::is_small(pool_layout::block_bytes(t.find(first)->requested)));  // and counts in its request's kind, its segment's, not its size's
+  CHECK(!pool_layout::is_small(pool_layout::block_bytes(t.find(0x1000000)->requested)));
+  CHECK(t.find(0x7777) == nullptr);  // not live
   t.insert(0x9000000, in({}, 4096));
-  CHECK(t.counts_as_small(0x9000000));
+  CHECK(pool_layout::is_small(pool_layout::block_bytes(t.find(0x9000000)->requested)));
   (void)t.erase(0x1000000);  // parked: its segment stays the pool's
   const std::size_t parked = t.parked_bytes();
   CHECK_THROWS_AS(t.insert_segment(0x1000000, 8 * MiB, {4 * MiB, 4 * MiB, stream_a(), user, {}, {}}), std::logic_error);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <random>
-#include <tuple>
 #include <vector>
 
 #include "device_statistics.hpp"
@@ -224,8 +223,7 @@ TEST_CASE("device_statistics: recount_live replaces the live figures, counting t
   device_statistics d;
   d.on_allocate(4096, 4000);
   d.on_allocate(2 * MiB, 2 * MiB);
-  const std::vector<std::tuple<std::size_t, std::size_t, pool_kind>> now{
-      {4096, 4000, pool_kind::small_pool}, {8192, 8192, pool_kind::small_pool}, {8192, 8000, pool_kind::small_pool}};
+  const std::vector<std::pair<std::size_t, std::size_t>> now{{4096, 4000}, {8192, 8192}, {8192, 8000}};
   d.recount_live(now);
   CHECK(d.allocation[pool_kind::all].current == 3);
   CHECK(d.allocated_bytes[pool_kind::all].current == 4096 + 8192 * 2);
@@ -236,13 +234,13 @@ TEST_CASE("device_statistics: recount_live replaces the live figures, counting t
   CHECK(d.active_bytes[pool_kind::small_pool].current == 4096 + 8192 * 2);
 }
 
-TEST_CASE("device_statistics: a block counts in the kind it is given, as a no-split pool's whole small segment does")
+TEST_CASE("device_statistics: a block counts in its request's kind, as a no-split pool's whole small segment does")
 {
   device_statistics d;
-  d.on_allocate(2 * MiB, 512, pool_kind::small_pool);  // a 512-byte request handed a whole 2 MiB small segment
+  d.on_allocate(2 * MiB, 512);  // a 512-byte request handed a whole 2 MiB small segment
   CHECK(d.allocated_bytes[pool_kind::small_pool].current == static_cast<std::int64_t>(2 * MiB));
   CHECK(d.allocated_bytes[pool_kind::large_pool].current == 0);
-  d.on_free(2 * MiB, 512, pool_kind::small_pool);
+  d.on_free(2 * MiB, 512);
   CHECK(d.allocated_bytes[pool_kind::small_pool].current == 0);
   CHECK(d.allocation[pool_kind::small_pool].freed == 1);
   CHECK(d.allocation[pool_kind::large_pool].allocated == 0);
