@@ -138,6 +138,12 @@ STRATA_ALLOC_API void strata_device_unlock(int device);
  *   0, or -1 with the message set. */
 STRATA_ALLOC_API void strata_record_stream_on(int device, void* ptr, cudaStream_t stream);
 STRATA_ALLOC_API int strata_reset_device(int device);
+/* Bytes the process holds outside strata on `device` that count against its cap (limit=, the memory
+ * fraction): a MemPool's own allocator's segments. The stack then holds at most the cap less these, and a
+ * request past that is refused as out of memory by the stack itself, after its idle memory went back where a
+ * wait is allowed. The cap reported (strata_device_figures.limit) stays the whole cap. May be called inside the
+ * device's strata_device_lock section. 0, or -1 with the message set (a bad device). */
+STRATA_ALLOC_API int strata_set_held_elsewhere(int device, size_t bytes);
 
 /* ---- Sleep and wake by tag (docs/sleep_wake.md; page-mapped stacks: default_pool, simulated) ------------ */
 /* This thread's allocations carry `tag` until the matching strata_tag_end (they nest; 0 is the default). */

@@ -51,9 +51,10 @@ void* device_slot::allocate(std::size_t size, cudaStream_t stream)
   // Held blocks are given back only outside captures: querying an event during a global-mode capture is
   // illegal (PyTorch's caching allocator skips its event processing then too).
   if (routes == 0) stack->reap();
-  if (size > cap - std::min(cap, stats.allocated)) {
+  if (size > own_cap() - std::min(own_cap(), stats.allocated)) {
     ++stats.num_ooms;
-    throw out_of_memory("strata plug-in", size, "limit " + std::to_string(cap) + " bytes, " + std::to_string(stats.allocated) + " in use");
+    throw out_of_memory("strata plug-in", size, "limit " + std::to_string(cap) + " bytes, " + std::to_string(stats.allocated) + " in use" +
+                                                    (elsewhere != 0 ? ", " + std::to_string(elsewhere) + " held elsewhere" : std::string()));
   }
   void* p = nullptr;
   try {
@@ -111,8 +112,14 @@ bool device_slot::apply_fraction(double fraction) noexcept
   // back exactly those bytes.
   const auto wanted = static_cast<std::size_t>(std::llround(fraction * static_cast<double>(device_memory)));
   cap = std::min(wanted, pool_cap);
-  stack->set_reserved_cap(cap);  // the fraction caps what strata holds, as limit= does
+  stack->set_reserved_cap(own_cap());  // the fraction caps what strata holds, as limit= does
   return wanted > pool_cap;
+}
+
+void device_slot::hold_elsewhere(std::size_t bytes) noexcept
+{
+  elsewhere = bytes;
+  if (stack != nullptr) stack->set_reserved_cap(own_cap());
 }
 
 void device_slot::enter_section()
@@ -202,6 +209,7 @@ device_slot& plugin_state::slot_for(int device)
   s.cap = s.pool_cap = b.cap;
   s.device_memory = b.device_memory;
   if (torch_fraction_) s.apply_fraction(*torch_fraction_);
+  if (s.elsewhere != 0) s.hold_elsewhere(s.elsewhere);
   if (!c.record.empty() && !atexit_registered_.exchange(true)) std::atexit(flush_all_traces);
   in_use_.store(true, std::memory_order_release);
   s.built.store(true, std::memory_order_release);

@@ -73,6 +73,9 @@ struct device_slot {
   void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
   std::size_t cap = SIZE_MAX;       ///< bytes the stack may hold from CUDA, so in use too (limit=, set_memory_fraction)
   std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
+  /// Bytes held outside strata that count against the cap (strata_set_held_elsewhere): the stack's share of
+  /// the cap is what they leave.
+  std::size_t elsewhere = 0;
   std::size_t device_memory = 0;
   slot_statistics stats;
   std::unordered_map<void*, cupy_block> cupy;
@@ -98,6 +101,10 @@ struct device_slot {
   /// The cap at `fraction` of the device's memory, never above the configured limit; what the stack holds
   /// follows it. Returns whether the limit capped it. The lock held (or the slot not yet published). O(1).
   bool apply_fraction(double fraction) noexcept;
+  /// The cap less what is held elsewhere: what the stack may hold. O(1).
+  std::size_t own_cap() const noexcept { return cap - std::min(cap, elsewhere); }
+  /// Counts `bytes` held outside strata against the cap, and caps the stack at what they leave. The lock held.
+  void hold_elsewhere(std::size_t bytes) noexcept;
   /// strata_device_lock / strata_device_unlock: the section of the calling thread (nested calls count).
   void enter_section();
   bool leave_section() noexcept;  ///< false: the calling thread holds no section here

@@ -396,6 +396,16 @@ int strata_oom_served(int device)
   });
 }
 
+int strata_set_held_elsewhere(int device, size_t bytes)
+{
+  return c_entry("set_held_elsewhere", failing_with<int>{-1}, [&] {
+    device_slot& s = state().slot_for(device);
+    slot_lock lock(s);
+    s.hold_elsewhere(bytes);
+    return 0;
+  });
+}
+
 int strata_device_lock(int device)
 {
   return c_entry("device_lock", failing_with<int>{-1}, [&] {

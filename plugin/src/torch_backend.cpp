@@ -184,10 +184,10 @@ struct cuda_capture_graph {
 // segments (MemPool(allocator=...)) included, and such a pool caches its segments like any private pool, a
 // released pool's until empty_cache. So here: those segments are cut and reused in the block table, at
 // PyTorch's sizes, and kept idle once their released pool gives them up, until empty_cache hands them back; a
-// new one is taken only when strata's held memory, the pools' own segments and it fit the cap; and an
-// allocation strata serves that takes strata past the cap those segments leave is given back and refused as
-// out of memory (after strata has returned its idle memory), so that use_on_oom pools may serve it as
-// PyTorch's allocator would.
+// new one is taken only when strata's held memory, the pools' own segments and it fit the cap; and strata's
+// stack is told what those segments hold (strata_set_held_elsewhere), so that it holds at most the cap they
+// leave and refuses past it as out of memory, after returning its idle memory where a wait is allowed, as
+// PyTorch's allocator refuses (and use_on_oom pools may then serve the request).
 /// One device's view: PyTorch's statistics, its blocks and pools, its history, the pools being allocated to.
 /// Guarded by the device's lock (device_lock).
 struct device_view {
@@ -280,7 +280,7 @@ public:
             device_lock lock(d);
             if (v.routes.empty()) {
               settle_waits(v);
-              idle = take_idle(v, to_pool(mempool_id));
+              idle = take_idle(v, d, to_pool(mempool_id));
             }
             observe(v, static_cast<c10::DeviceIndex>(d));
           }
@@ -301,7 +301,7 @@ public:
           settle_waits(v);
           try {
             v.waits.drain(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
-            idle = take_idle(v, {});
+            idle = take_idle(v, d, {});
           } catch (const std::exception& e) {
             failure = e.what();
           }
@@ -995,9 +995,17 @@ private:
     v.foreign_idle.push_back(std::move(idle));  // room kept by allocate_foreign
   }
 
+  /// Counts `delta` more bytes held from MemPools' own allocators, and tells strata's stack, whose share of the
+  /// cap they shrink (Note [A MemPool's own allocator counts against the cap]). Device lock held.
+  static void hold_foreign(device_view& v, int device, std::ptrdiff_t delta) noexcept
+  {
+    v.foreign_bytes = static_cast<size_t>(static_cast<std::ptrdiff_t>(v.foreign_bytes) + delta);
+    (void)strata_set_held_elsewhere(device, v.foreign_bytes);
+  }
+
   /// The idle segments of MemPools' own allocators (of `pool` only, unless it is (0, 0)), taken off the
   /// device's books to be handed back by hand_back_idle. Device lock held.
-  static std::vector<device_view::idle_segment> take_idle(device_view& v, pool_id pool)
+  static std::vector<device_view::idle_segment> take_idle(device_view& v, int device, pool_id pool)
   {
     std::vector<device_view::idle_segment> out;
     out.reserve(v.foreign_idle.size());  // before anything moves: nothing below throws
@@ -1006,11 +1014,11 @@ private:
         ++it;
         continue;
       }
-      v.foreign_bytes -= it->size;
       v.foreign_idle_bytes -= it->size;
       out.push_back(std::move(*it));
       it = v.foreign_idle.erase(it);
     }
+    for (const auto& idle : out) hold_foreign(v, device, -static_cast<std::ptrdiff_t>(idle.size));
     return out;
   }
 
@@ -1173,7 +1181,7 @@ private:
     {
       device_lock lock(device);
       if (void* p = revive_in(v, device, pool, size, stream, context)) return p;
-      if (!cap_has_room(v, device, segment)) {
+      if (!cap_has_room(v, segment)) {
         ++v.cap_ooms;
         apply(v);
         const std::string message = out_of_memory_message(v, device, segment, stream,
@@ -1185,11 +1193,11 @@ private:
       // Room for the segment's idle entry later (a free must not allocate), and its bytes counted now, so
       // that another thread's check sees them while the allocator runs without the lock.
       v.foreign_idle.reserve(v.foreign_segments.size() + v.foreign_idle.size() + 1);
-      v.foreign_bytes += segment;
+      hold_foreign(v, device, static_cast<std::ptrdiff_t>(segment));
     }
     const auto unreserve = [&] {
       device_lock lock(device);
-      v.foreign_bytes -= segment;
+      hold_foreign(v, device, -static_cast<std::ptrdiff_t>(segment));
     };
     void* p = nullptr;
     try {
@@ -1211,7 +1219,7 @@ private:
       handed = v.blocks.insert_segment(base, segment, {block, size, stream, pool, context});
     } catch (const std::exception& e) {
       v.foreign_segments.erase(base);
-      v.foreign_bytes -= segment;
+      hold_foreign(v, device, -static_cast<std::ptrdiff_t>(segment));
       lock.unlock();
       from->raw_delete(p);
       TORCH_CHECK(false, "strata: MemPool ", pool.text(), ": ", e.what());
@@ -1236,19 +1244,12 @@ private:
     return p;
   }
 
-  /// Whether what strata holds, MemPools' own allocators' segments and `more` bytes fit the cap; where they do
-  /// not, strata first gives its idle memory back (not during an allocation to a private pool, where a
-  /// capture may run). Device lock held.
-  bool cap_has_room(device_view& v, c10::DeviceIndex device, size_t more)
+  /// Whether what strata holds, MemPools' own allocators' segments and `more` bytes fit the cap. Nothing is
+  /// released to make room: a pool is being allocated to, so a capture may run, and PyTorch's allocator releases
+  /// no cached blocks then either. Device lock held. O(1).
+  static bool cap_has_room(const device_view& v, size_t more) noexcept
   {
-    const auto fits = [&] { return v.last.limit == SIZE_MAX || v.last.reserved + v.foreign_bytes + more <= v.last.limit; };
-    if (v.foreign_bytes == 0 && more == 0) return true;
-    if (fits()) return true;
-    if (!v.routes.empty()) return false;
-    strata_report_error("");
-    (void)strata_reset_device(device);
-    observe(v, device);
-    return fits();
+    return v.last.limit == SIZE_MAX || v.last.reserved + v.foreign_bytes + more <= v.last.limit;
   }
 
   void* allocate_block(c10::DeviceIndex device, size_t size, cudaStream_t stream)
@@ -1300,29 +1301,17 @@ private:
       lock.lock();
       if (freed) attempt();
     }
-    const bool strata_refused = out_of_memory;  // counted by strata's stack
-    if (p != nullptr && v.foreign_bytes != 0 && !cap_has_room(v, device, 0)) {
-      // Strata grew past the cap that MemPools' own allocators share (Note [A MemPool's own allocator counts
-      // against the cap]): the block goes back and strata's idle memory with it, and the request is refused.
-      strata_free_observed(p, taken, device, stream, &v.last);
-      p = nullptr;
-      (void)cap_has_room(v, device, 0);
-      out_of_memory = true;
-      failure = "the memory cap (" + bytes_text(v.last.limit) + ") is reached counting the " + bytes_text(v.foreign_bytes) +
-                " that MemPools' own allocators hold";
-    }
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
         const pool_id owner = v.blocks.find(*revived)->pool;
-        // The caller got its memory: not an out of memory it saw (a refusal for the cap was never counted).
-        if (strata_refused && strata_oom_served(device) == 0) --v.last.ooms;
+        // The caller got its memory: not an out of memory it saw.
+        if (strata_oom_served(device) == 0) --v.last.ooms;
         v.stats.on_allocate(v.blocks.find(*revived)->size, size);
         apply(v);
         record(v, device, strata::plugin::trace_action::alloc, reinterpret_cast<void*>(*revived), size, stream, owner, context);
         changed(v, device, reinterpret_cast<void*>(*revived), static_cast<std::int64_t>(size));
         return reinterpret_cast<void*>(*revived);
       }
-      if (!strata_refused) ++v.cap_ooms;
       apply(v);  // the refusal filled v.last
       const std::string message = out_of_memory_message(v, device, taken, stream, failure);
       lock.unlock();

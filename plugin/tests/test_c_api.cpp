@@ -587,6 +587,53 @@ TEST_CASE("C API: a fraction lowered below what the stack holds refuses growth; 
         }) == "");
 }
 
+TEST_CASE("C API: bytes held elsewhere shrink the stack's share of the cap, never passed")
+{
+  CHECK(in_child([](expectations& ex) {
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          strata_set_memory_fraction(0.5, 0);  // a cap of 512 MiB
+          void* p = strata_malloc(300 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          strata_free(p, 300 * MiB, 0, a);  // idle now: held until something needs the room
+          // A MemPool's own allocator's segments, taken where they fit beside what strata holds: 312 MiB left.
+          EXPECT(strata_set_held_elsewhere(0, 200 * MiB) == 0);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.limit == 512 * MiB);  // the cap reported is the whole cap
+          void* q = strata_malloc(250 * MiB, 0, a);  // from the idle memory
+          EXPECT(q != nullptr);
+          // 290 MiB in use: served within the share, from the idle rest or after it went back.
+          void* r = strata_malloc(40 * MiB, 0, a);
+          EXPECT(r != nullptr);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 312 * MiB);
+          EXPECT(stat(0, "num_ooms") == 0);
+          EXPECT(strata_malloc(30 * MiB, 0, a) == nullptr);  // 320 MiB in use would pass the share
+          EXPECT(mentions("held elsewhere"));
+          EXPECT(stat(0, "num_ooms") == 1);
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 312 * MiB);
+          EXPECT(strata_set_held_elsewhere(0, 0) == 0);  // handed back to their allocator
+          void* t = strata_malloc(30 * MiB, 0, a);
+          EXPECT(t != nullptr);
+          strata_free(t, 30 * MiB, 0, a);
+          strata_free(r, 40 * MiB, 0, a);
+          strata_free(q, 250 * MiB, 0, a);
+          EXPECT(strata_set_held_elsewhere(-1, 0) == -1);
+          EXPECT(mentions("out of range"));
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // held elsewhere before the device's stack is built
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=64MiB") == 0);
+          EXPECT(strata_set_held_elsewhere(0, 60 * MiB) == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_malloc(8 * MiB, 0, a) == nullptr);
+          void* p = strata_malloc(2 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          strata_free(p, 2 * MiB, 0, a);
+        }) == "");
+}
+
 TEST_CASE("C API: a fraction of 0 refuses every allocation; a fraction of bytes over the total caps at exactly those bytes")
 {
   CHECK(in_child([](expectations& ex) {
