@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The device checks of the plug-in and the library in one machine session, longer than one device command may
+# last: `start` launches them detached from the calling command (setsid), so they outlive it, and returns at
+# once; each later `wait` command watches them for up to N seconds and packs what they wrote into
+# $OUT/lanes.tar.gz. The machine must be kept (a `wait` call soon after the last) until `done: yes`.
+#
+#   bash tests/device/lanes.sh start [STEPS]     (from the repository root)
+#   bash tests/device/lanes.sh wait 560
+#
+# STEPS, a comma list (default cuda,trees,frameworks,graph_memory,plugin,ctest), run one after the other on the
+# GPU, never two at once (the PyTorch suite's memory tests read what the GPU and the process hold):
+#   cuda          PyTorch's test_cuda.py selection under strata (pytorch_suite/run.sh --set cuda --modes strata)
+#   trees         test_cudagraph_trees.py under strata
+#   native        both files natively too, before the strata runs
+#   frameworks    the frameworks suite's memory API and contract (ONLY=memory_api,contract frameworks/run.sh)
+#   graph_memory  graph-pool peak reserved under reduce-overhead on three models (torch/graph_pool_memory.py)
+#   plugin        tests/device/plugin.sh
+#   ctest         the whole test suite with STRATA_REQUIRE_GPU=1, then the GPU suite alone
+# Meanwhile the CPU builds what plugin and ctest need (the main build with PyTorch's CMake package, so the
+# PyTorch hooks library and the Python package's tests are in it). The plug-in for the PyTorch runs comes from
+# build-device-torch/ when its stamp matches (torch/prebuild_plugin.sh), else it is built first. Results and
+# logs: /tmp/strata-lanes (progress.txt says what finished, with each exit status).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R=/tmp/strata-lanes
+export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
+mode=${1:-}
+
+pack() {
+  [ -n "${OUT:-}" ] && tar czf "$OUT/lanes.tar.gz" -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null
+  return 0
+}
+note() { echo "$(date +%T) $*" >>"$R/progress.txt"; }
+
+cpu_builds() {
+  local prefix doctest=()
+  prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  # Without doctest installed, its header at .device/doctest/doctest.h (carried) serves.
+  [ ! -e /usr/include/doctest/doctest.h ] && [ -e .device/doctest/doctest.h ] && doctest=(-DSTRATA_DOCTEST_INCLUDE="$PWD/.device")
+  note "cpu: builds start"
+  { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=OFF \
+      ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} "${doctest[@]}" && cmake --build build -j12; } >"$R/main_build.log" 2>&1
+  note "cpu: main build rc=$?"
+  { cmake -S . -B build-plugin -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_CUDA=ON \
+      -DSTRATA_BUILD_PLUGIN=ON -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_EXAMPLES=OFF -DSTRATA_BUILD_TOOLS=OFF \
+      ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} "${doctest[@]}" &&
+    cmake --build build-plugin -j12 --target strata_alloc strata_plugin_unit_tests strata_plugin_c_api_tests \
+      strata_plugin_gpu_tests ${prefix:+strata_torch_hooks}; } >"$R/plugin_build.log" 2>&1
+  note "cpu: plug-in build rc=$?"
+  touch "$R/cpu_done"
+}
+
+gpu_steps() {
+  local steps=",$1,"
+  has() { [[ "$steps" == *",$1,"* ]]; }
+  source tests/device/torch/build_plugin.sh
+  strata_build_plugin "$R/plugin_for_torch.txt"
+  note "gpu: plug-in for PyTorch rc=$? ($(tail -1 "$R/plugin_for_torch.txt"))"
+  local modes=strata
+  has native && modes=native,strata
+  if has cuda; then
+    tests/device/pytorch_suite/run.sh --set cuda --modes "$modes" --budget 260 --out "$R/suite" >"$R/cuda.out" 2>&1
+    note "gpu: test_cuda rc=$? ($(grep -m1 -E '^(PASS|FAIL)' "$R/cuda.out"))"
+  fi
+  if has trees; then
+    tests/device/pytorch_suite/run.sh --set cudagraph_trees --modes "$modes" --budget 150 --out "$R/suite" >"$R/trees.out" 2>&1
+    note "gpu: test_cudagraph_trees rc=$? ($(grep -m1 -E '^(PASS|FAIL)' "$R/trees.out"))"
+  fi
+  if has frameworks; then
+    ONLY=memory_api,contract OUT="$R/frameworks" bash tests/device/frameworks/run.sh >"$R/frameworks.out" 2>&1
+    note "gpu: frameworks rc=$? ($(tail -1 "$R/frameworks.out"))"
+  fi
+  if has graph_memory; then
+    mkdir -p "$R/graph_memory"
+    python3 tests/device/torch/graph_pool_memory.py --modes compile-ro --out "$R/graph_memory" >"$R/graph_memory.out" 2>&1
+    note "gpu: graph_pool_memory rc=$? ($(tail -1 "$R/graph_memory.out"))"
+  fi
+  if has plugin || has ctest; then
+    while [ ! -f "$R/cpu_done" ]; do sleep 2; done
+  fi
+  if has plugin; then
+    BUILD=build-plugin OUT="$R/plugin" bash tests/device/plugin.sh >"$R/plugin.out" 2>&1
+    note "gpu: plugin.sh rc=$? ($(tail -1 "$R/plugin.out"))"
+  fi
+  if has ctest; then
+    STRATA_REQUIRE_GPU=1 ctest --test-dir build -j4 --timeout 300 --output-on-failure >"$R/ctest.log" 2>&1
+    note "gpu: ctest rc=$? ($(grep 'tests passed' "$R/ctest.log"))"
+    STRATA_REQUIRE_GPU=1 build/tests/strata_gpu_tests >"$R/gpu_tests.log" 2>&1
+    note "gpu: strata_gpu_tests rc=$? ($(grep -E '^\[doctest\] test cases' "$R/gpu_tests.log"))"
+  fi
+}
+
+case "$mode" in
+  start)
+    rm -rf "$R"
+    mkdir -p "$R"
+    { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+      python3 -c 'import torch; print("torch", torch.__version__, torch.version.git_version)'; } >"$R/device.txt" 2>&1
+    setsid nohup bash "$0" lanes "${2:-cuda,trees,frameworks,graph_memory,plugin,ctest}" >"$R/lanes.log" 2>&1 </dev/null &
+    sleep 2
+    cat "$R/device.txt"
+    echo "started; progress in $R/progress.txt"
+    ;;
+  lanes)
+    if [[ ",$2," == *,plugin,* || ",$2," == *,ctest,* ]]; then cpu_builds & fi
+    gpu_steps "$2"
+    wait
+    note "done"
+    touch "$R/done"
+    ;;
+  wait)
+    n=${2:-560} t=0
+    while [ "$t" -lt "$n" ] && [ ! -f "$R/done" ]; do sleep 5; t=$((t + 5)); done
+    echo "waited $t s; done: $([ -f "$R/done" ] && echo yes || echo no)"
+    cat "$R/progress.txt" 2>/dev/null
+    pack
+    ;;
+  *)
+    sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+    exit 4
+    ;;
+esac
