@@ -4,11 +4,12 @@
 //      ns per operation;
 //   3. replay: the eight traces of bench/traces through default_pool directly and through RMM's current
 //      device resource, peak bytes the pool holds on the device.
-// Rows of 1 and 2: default_pool called directly; the same stack as rmm_resource called directly (its lock), and
-// through cuda::mr::any_resource as RMM holds it (rmm::mr::get_current_device_resource_ref(), what
-// device_buffer and device_uvector call), with its lock and with stack_is_thread_safe (no lock); RMM's
+// Rows of 1 and 2, measured in rounds with the rows in an order rotated from round to round: default_pool
+// called directly; the same stack as rmm_resource called directly (its lock), and through
+// cuda::mr::any_resource as RMM holds it (rmm::mr::get_current_device_resource_ref(), what device_buffer and
+// device_uvector call), with its lock and with stack_is_thread_safe (no lock); RMM's
 // pool_memory_resource over cudaMalloc through the same reference type.
-// Verdict lines (the issue's targets): "through RMM <= 1.2x direct", "faster than RMM's pool", "replay holds
+// Verdict lines (the targets strata holds itself to): "through RMM <= 1.2x direct", "faster than RMM's pool", "replay holds
 // what default_pool holds" — PASS or FAIL each. Usage: rmm_interop [--traces DIR] [--quick] [--parts pair,random,replay]
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -153,28 +155,51 @@ int main(int argc, char** argv)
     std::printf("  %-62s %6.3f  %s\n", what, ratio, pass ? "PASS" : "FAIL");
   };
 
+  // Rows are measured in rounds, each round every row once per size in an order rotated from round to round,
+  // so that no row always runs first, right after another row's stack or on a device warmed by the same row;
+  // a ratio is the median over rounds of the two rows' times in the same round, which cancels what drifts
+  // between rounds.
+  const int rounds = quick ? 3 : 7;
+  const auto paired = [&](const std::vector<double>& num, const std::vector<double>& den) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
+    return strata::bench::median(r);
+  };
+  const auto spread = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return std::make_pair(v.front(), v.back());
+  };
+
   if (part("pair")) {
     const std::vector<std::size_t> sizes = {256, 4096, 65536, 1 << 20, 16 << 20};
-    std::vector<std::vector<double>> ns(rows.size());
-    std::printf("\n1. pair latency (allocate then free the same size on one stream), ns per pair, median of 5\n%-46s", "allocator");
-    for (auto b : sizes) std::printf("%11zu", b);
+    // times[row][size][round]
+    std::vector<std::vector<std::vector<double>>> times(rows.size(), std::vector<std::vector<double>>(sizes.size()));
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        for (std::size_t j = 0; j < rows.size(); ++j) {
+          const std::size_t k = (j + static_cast<std::size_t>(r) + i) % rows.size();
+          times[k][i].push_back(rows[k].pair(sizes[i], quick ? 0.01 : 0.05));
+        }
+    std::printf("\n1. pair latency (allocate then free the same size on one stream), ns per pair, median of %d rounds in "
+                "rotated order (min-max below each row)\n%-46s", rounds, "allocator");
+    for (auto b : sizes) std::printf("%15zu", b);
     std::printf("\n");
     for (std::size_t k = 0; k < rows.size(); ++k) {
       std::printf("%-46s", rows[k].name.c_str());
-      for (auto b : sizes) {
-        std::vector<double> runs;
-        for (int i = 0; i < 5; ++i) runs.push_back(rows[k].pair(b, quick ? 0.01 : 0.05));
-        ns[k].push_back(strata::bench::median(runs));
-        std::printf("%11.1f", ns[k].back());
+      for (std::size_t i = 0; i < sizes.size(); ++i) std::printf("%15.1f", strata::bench::median(times[k][i]));
+      std::printf("\n%-46s", "");
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const auto [lo, hi] = spread(times[k][i]);
+        std::printf("  %6.0f-%-6.0f", lo, hi);
       }
       std::printf("\n");
     }
-    std::printf("verdicts (ratio per size, worst size):\n");
+    std::printf("verdicts (per size, the median over rounds of the ratio within a round; the worst size):\n");
     double worst_through = 0, worst_nolock = 0, worst_vs_rmm = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      worst_through = std::max(worst_through, ns[through_row][i] / ns[direct_row][i]);
-      worst_nolock = std::max(worst_nolock, ns[through_nolock_row][i] / ns[direct_row][i]);
-      worst_vs_rmm = std::max(worst_vs_rmm, ns[through_row][i] / ns[rmm_row][i]);
+      worst_through = std::max(worst_through, paired(times[through_row][i], times[direct_row][i]));
+      worst_nolock = std::max(worst_nolock, paired(times[through_nolock_row][i], times[direct_row][i]));
+      worst_vs_rmm = std::max(worst_vs_rmm, paired(times[through_row][i], times[rmm_row][i]));
     }
     verdict("pair: through RMM (lock) / direct, target <= 1.2", worst_through, 1.2, true);
     verdict("pair: through RMM (no lock) / direct, target <= 1.2", worst_nolock, 1.2, true);
@@ -183,23 +208,32 @@ int main(int argc, char** argv)
 
   if (part("random")) {
     const std::size_t count = quick ? 20'000 : 200'000, max_live = 1000;
-    std::printf("\n2. random allocations and frees (50/50, at most %zu live), ns per operation, median of 3\n", max_live);
-    std::printf("%-46s%14s%14s\n", "allocator", "1B..1MiB", "256B..64MiB");
-    std::vector<std::vector<double>> ns(rows.size());
+    std::printf("\n2. random allocations and frees (50/50, at most %zu live), ns per operation, median of %d rounds in "
+                "rotated order\n", max_live, rounds);
+    std::printf("%-46s%20s%20s\n", "allocator", "1B..1MiB", "256B..64MiB");
+    std::vector<std::vector<std::vector<double>>> times(rows.size(), std::vector<std::vector<double>>(2));
     for (int dist = 0; dist < 2; ++dist) {
       const auto ops = strata::bench::random_ops(count, max_live, dist == 1, 42 + static_cast<unsigned>(dist));
-      for (std::size_t k = 0; k < rows.size(); ++k) {
-        std::vector<double> runs;
-        for (int i = 0; i < 3; ++i) runs.push_back(rows[k].random(ops, max_live));
-        ns[k].push_back(strata::bench::median(runs));
-      }
+      for (int r = 0; r < rounds; ++r)
+        for (std::size_t j = 0; j < rows.size(); ++j) {
+          const std::size_t k = (j + static_cast<std::size_t>(r)) % rows.size();
+          times[k][static_cast<std::size_t>(dist)].push_back(rows[k].random(ops, max_live));
+        }
     }
-    for (std::size_t k = 0; k < rows.size(); ++k) std::printf("%-46s%14.1f%14.1f\n", rows[k].name.c_str(), ns[k][0], ns[k][1]);
-    std::printf("verdicts (worst of the two distributions):\n");
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      std::printf("%-46s", rows[k].name.c_str());
+      for (int dist = 0; dist < 2; ++dist) {
+        const auto& t = times[k][static_cast<std::size_t>(dist)];
+        const auto [lo, hi] = spread(t);
+        std::printf("%8.1f (%4.0f-%-4.0f)", strata::bench::median(t), lo, hi);
+      }
+      std::printf("\n");
+    }
+    std::printf("verdicts (the median over rounds of the ratio within a round; the worse distribution):\n");
     verdict("random: through RMM (lock) / direct, target <= 1.2",
-            std::max(ns[through_row][0] / ns[direct_row][0], ns[through_row][1] / ns[direct_row][1]), 1.2, true);
+            std::max(paired(times[through_row][0], times[direct_row][0]), paired(times[through_row][1], times[direct_row][1])), 1.2, true);
     verdict("random: through RMM (lock) / RMM's pool, target < 1",
-            std::max(ns[through_row][0] / ns[rmm_row][0], ns[through_row][1] / ns[rmm_row][1]), 1.0, false);
+            std::max(paired(times[through_row][0], times[rmm_row][0]), paired(times[through_row][1], times[rmm_row][1])), 1.0, false);
   }
 
   if (part("replay")) {
