@@ -139,10 +139,12 @@ STRATA_ALLOC_API void strata_device_unlock(int device);
 STRATA_ALLOC_API void strata_record_stream_on(int device, void* ptr, cudaStream_t stream);
 STRATA_ALLOC_API int strata_reset_device(int device);
 /* Bytes the process holds outside strata on `device` that count against its cap (limit=, the memory
- * fraction): a MemPool's own allocator's segments. The stack then holds at most the cap less these, and a
- * request past that is refused as out of memory by the stack itself, after its idle memory went back where a
- * wait is allowed. The cap reported (strata_device_figures.limit) stays the whole cap. May be called inside the
- * device's strata_device_lock section. 0, or -1 with the message set (a bad device). */
+ * fraction): a MemPool's own allocator's segments. The stack then grows no further than the cap less these
+ * (memory it already holds above that stays until its blocks are freed and given back), and a request past
+ * that is refused as out of memory by the stack itself, after its idle memory went back where a wait is
+ * allowed. The cap reported (strata_device_figures.limit) stays the whole cap. Builds the device's stack, as
+ * strata_device_prepare does; may be called inside the device's strata_device_lock section. 0, or -1 with the
+ * message set (a bad device, or a stack that cannot be built there). */
 STRATA_ALLOC_API int strata_set_held_elsewhere(int device, size_t bytes);
 
 /* ---- Sleep and wake by tag (docs/sleep_wake.md; page-mapped stacks: default_pool, simulated) ------------ */

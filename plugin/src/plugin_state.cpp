@@ -209,7 +209,6 @@ device_slot& plugin_state::slot_for(int device)
   s.cap = s.pool_cap = b.cap;
   s.device_memory = b.device_memory;
   if (torch_fraction_) s.apply_fraction(*torch_fraction_);
-  if (s.elsewhere != 0) s.hold_elsewhere(s.elsewhere);
   if (!c.record.empty() && !atexit_registered_.exchange(true)) std::atexit(flush_all_traces);
   in_use_.store(true, std::memory_order_release);
   s.built.store(true, std::memory_order_release);

@@ -73,8 +73,8 @@ struct device_slot {
   void* context = nullptr;          ///< the device's primary context (a real stack's), seen when it was built
   std::size_t cap = SIZE_MAX;       ///< bytes the stack may hold from CUDA, so in use too (limit=, set_memory_fraction)
   std::size_t pool_cap = SIZE_MAX;  ///< the stack's own physical cap, fixed when built (limit=)
-  /// Bytes held outside strata that count against the cap (strata_set_held_elsewhere): the stack's share of
-  /// the cap is what they leave.
+  /// Bytes held outside strata that count against the cap (strata_set_held_elsewhere, which builds the stack
+  /// first): the stack's share of the cap is what they leave.
   std::size_t elsewhere = 0;
   std::size_t device_memory = 0;
   slot_statistics stats;

@@ -280,11 +280,11 @@ public:
             device_lock lock(d);
             if (v.routes.empty()) {
               settle_waits(v);
-              idle = take_idle(v, d, to_pool(mempool_id));
+              idle = take_idle(v, to_pool(mempool_id));
             }
             observe(v, static_cast<c10::DeviceIndex>(d));
           }
-          hand_back_idle(idle);
+          hand_back_idle(v, d, idle);
         }
       } catch (...) {  // a destructor's path: figures read late are harmless, an exception is not
       }
@@ -301,7 +301,7 @@ public:
           settle_waits(v);
           try {
             v.waits.drain(events_, [&v](std::uintptr_t a, std::uint64_t t) noexcept { (void)v.blocks.settle(a, t); });
-            idle = take_idle(v, d, {});
+            idle = take_idle(v, {});
           } catch (const std::exception& e) {
             failure = e.what();
           }
@@ -311,7 +311,7 @@ public:
         observe(v, static_cast<c10::DeviceIndex>(d));
         track_segments(v, static_cast<c10::DeviceIndex>(d));
       }
-      hand_back_idle(idle);
+      hand_back_idle(v, d, idle);
     }
     if (!failure.empty()) TORCH_CHECK(false, "strata: emptyCache: ", failure);
   }
@@ -391,6 +391,10 @@ public:
     strata_report_error("");  // so that only this call's message is read below
     strata_set_memory_fraction(fraction, device);
     const std::string message = strata_last_error();
+    {
+      device_lock lock(device);
+      observe(view(device), device);  // the new cap in the figures at once
+    }
     if (!message.empty()) TORCH_WARN(message);
   }
 
@@ -945,6 +949,12 @@ private:
     v.last = f;
     apply(v);
   }
+  /// observe(), where a device whose stack is not built reads as having no cap (rather than a cap of 0).
+  static void observe_known(device_view& v, c10::DeviceIndex device)
+  {
+    observe(v, device);
+    if (v.last.limit == 0 && v.last.device_memory == 0) v.last.limit = SIZE_MAX;
+  }
 
   /// The statistics brought to the stack's last figures and the table's parked blocks.
   static void apply(device_view& v)
@@ -1003,9 +1013,10 @@ private:
     (void)strata_set_held_elsewhere(device, v.foreign_bytes);
   }
 
-  /// The idle segments of MemPools' own allocators (of `pool` only, unless it is (0, 0)), taken off the
-  /// device's books to be handed back by hand_back_idle. Device lock held.
-  static std::vector<device_view::idle_segment> take_idle(device_view& v, int device, pool_id pool)
+  /// The idle segments of MemPools' own allocators (of `pool` only, unless it is (0, 0)), taken off the idle
+  /// list to be handed back by hand_back_idle; they still count against the cap until they are. Device lock
+  /// held.
+  static std::vector<device_view::idle_segment> take_idle(device_view& v, pool_id pool)
   {
     std::vector<device_view::idle_segment> out;
     out.reserve(v.foreign_idle.size());  // before anything moves: nothing below throws
@@ -1018,23 +1029,31 @@ private:
       out.push_back(std::move(*it));
       it = v.foreign_idle.erase(it);
     }
-    for (const auto& idle : out) hold_foreign(v, device, -static_cast<std::ptrdiff_t>(idle.size));
     return out;
   }
 
   /// Hands idle segments back to their allocators once the work queued on them is done (an allocator frees at
-  /// once, as cudaFree does not wait for streams). Without the device's lock: a Python allocator takes the GIL.
-  static void hand_back_idle(std::vector<device_view::idle_segment>& list) noexcept
+  /// once, as cudaFree does not wait for streams), then stops counting them against the cap: only once they
+  /// are gone may strata grow into their room. Without the device's lock (a Python allocator takes the GIL);
+  /// takes it at the end.
+  static void hand_back_idle(device_view& v, int device, std::vector<device_view::idle_segment>& list) noexcept
   {
+    if (list.empty()) return;
     const auto wait = [](void* st) {
       if (cudaStreamSynchronize(static_cast<cudaStream_t>(st)) != cudaSuccess) (void)cudaGetLastError();
     };
+    std::ptrdiff_t handed = 0;
     for (device_view::idle_segment& r : list) {
       wait(r.stream);
       for (void* st : r.uses) wait(st);
       r.from->raw_delete(r.segment);
+      handed += static_cast<std::ptrdiff_t>(r.size);
     }
     list.clear();
+    if (strata_device_lock(device) != 0) return;  // a device out of range: nothing was counted there
+    hold_foreign(v, device, -handed);
+    apply(v);
+    strata_device_unlock(device);
   }
 
   /// PyTorch's graph_capture_record_stream_reuse (Note [A block freed during a capture is reused once the
@@ -1181,6 +1200,10 @@ private:
     {
       device_lock lock(device);
       if (void* p = revive_in(v, device, pool, size, stream, context)) return p;
+      // The cap and what strata holds as they are now: the figures of the last call may predate a new memory
+      // fraction, or strata's stack may not be built yet.
+      (void)strata_device_prepare(device);
+      observe_known(v, device);
       if (!cap_has_room(v, segment)) {
         ++v.cap_ooms;
         apply(v);
@@ -1294,12 +1317,32 @@ private:
         failure = e.what();
       }
     };
+    // A refusal is counted by strata's stack at once; one the request then gets past after all is taken back,
+    // so that num_ooms counts only what the caller sees.
+    const auto attempt_again = [&] {
+      if (strata_oom_served(device) == 0) --v.last.ooms;
+      attempt();
+    };
     attempt();
     if (out_of_memory) {
       lock.unlock();
       const bool freed = run_free_memory_callbacks();
       lock.lock();
-      if (freed) attempt();
+      if (freed) attempt_again();
+    }
+    if (out_of_memory && v.routes.empty() && !v.foreign_idle.empty()) {
+      // Released MemPools' segments kept for their allocators leave strata less of the cap: they go back first,
+      // as PyTorch's allocator frees released pools' cached segments before it gives up (not while a pool is
+      // being allocated to: a capture may be under way).
+      std::vector<device_view::idle_segment> idle;
+      try {
+        idle = take_idle(v, {});
+      } catch (const std::bad_alloc&) {  // no host memory to list them: they stay, and the request is refused
+      }
+      lock.unlock();
+      hand_back_idle(v, device, idle);
+      lock.lock();
+      attempt_again();
     }
     if (out_of_memory) {
       if (const auto revived = v.blocks.revive_on_oom(size, size, stream, context)) {  // setUseOnOOM's pools
@@ -1360,6 +1403,7 @@ private:
                     "strata holds " + bytes_text(f.reserved) + " (largest free block " + bytes_text(f.largest_free) + ", " +
                     bytes_text(f.held_bytes) + " held for other streams";
     if (f.limit != SIZE_MAX) m += ", cap " + bytes_text(f.limit);
+    if (v.foreign_bytes != 0) m += ", of which MemPools' own allocators hold " + bytes_text(v.foreign_bytes);
     return m + "). strata: " + strata_message;
   }
 

@@ -623,14 +623,69 @@ TEST_CASE("C API: bytes held elsewhere shrink the stack's share of the cap, neve
           EXPECT(strata_set_held_elsewhere(-1, 0) == -1);
           EXPECT(mentions("out of range"));
         }) == "");
-  CHECK(in_child([](expectations& ex) {  // held elsewhere before the device's stack is built
+  CHECK(in_child([](expectations& ex) {  // the share counts against growth: held memory goes back first
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          strata_set_memory_fraction(0.5, 0);  // 512 MiB
+          void* p = strata_malloc(200 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);  // b still reads it: held at the free, not reusable
+          strata_free(p, 200 * MiB, 0, a);
+          EXPECT(strata_set_held_elsewhere(0, 250 * MiB) == 0);  // 262 MiB left to the stack
+          void* q = strata_malloc(100 * MiB, 0, a);  // growing to 300 MiB would pass it: the held block goes back first
+          EXPECT(q != nullptr);
+          EXPECT(stat(0, "num_alloc_retries") == 1);
+          EXPECT(stat(0, "num_ooms") == 0);
+          strata_device_figures f{};
+          EXPECT(strata_device_figures_get(0, &f) == 0);
+          EXPECT(f.reserved <= 262 * MiB);
+          strata_free(q, 100 * MiB, 0, a);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // while a pool is being allocated to, nothing is released to make room
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0), b = strata_sim_stream_create(0);
+          strata_set_memory_fraction(0.5, 0);
+          void* p = strata_malloc(200 * MiB, 0, a);
+          strata_record_stream(p, b);
+          EXPECT(strata_sim_launch(b) == 0);
+          strata_free(p, 200 * MiB, 0, a);
+          EXPECT(strata_set_held_elsewhere(0, 250 * MiB) == 0);
+          strata_begin_allocate_to_pool(0, {1, 0}, [](cudaStream_t) { return false; });
+          EXPECT(strata_malloc(100 * MiB, 0, a) == nullptr);
+          EXPECT(stat(0, "num_alloc_retries") == 0);
+          EXPECT(stat(0, "num_ooms") == 1);
+          strata_end_allocate_to_pool(0, {1, 0});
+          EXPECT(strata_sim_finish(b) == 0);
+          void* q = strata_malloc(100 * MiB, 0, a);  // no pool allocated to: the held block may go back now
+          EXPECT(q != nullptr);
+          strata_free(q, 100 * MiB, 0, a);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // inside the device's section (as strata's PyTorch backend calls it)
           EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB,limit=64MiB") == 0);
-          EXPECT(strata_set_held_elsewhere(0, 60 * MiB) == 0);
+          EXPECT(strata_device_lock(0) == 0);
+          EXPECT(strata_set_held_elsewhere(0, 60 * MiB) == 0);  // builds the stack here, inside the section
           cudaStream_t a = strata_sim_stream_create(0);
           EXPECT(strata_malloc(8 * MiB, 0, a) == nullptr);
           void* p = strata_malloc(2 * MiB, 0, a);
           EXPECT(p != nullptr);
+          EXPECT(strata_set_held_elsewhere(0, 0) == 0);
+          EXPECT(strata_malloc(8 * MiB, 0, a) != nullptr);
+          strata_device_unlock(0);
           strata_free(p, 2 * MiB, 0, a);
+        }) == "");
+  CHECK(in_child([](expectations& ex) {  // a fraction set afterwards keeps the share; more held elsewhere than the cap
+          EXPECT(strata_configure("stack=simulated,sim_capacity=1GiB") == 0);
+          cudaStream_t a = strata_sim_stream_create(0);
+          EXPECT(strata_set_held_elsewhere(0, 100 * MiB) == 0);
+          strata_set_memory_fraction(0.125, 0);  // 128 MiB: 28 MiB left to the stack
+          EXPECT(strata_malloc(32 * MiB, 0, a) == nullptr);
+          void* p = strata_malloc(16 * MiB, 0, a);
+          EXPECT(p != nullptr);
+          strata_free(p, 16 * MiB, 0, a);
+          EXPECT(strata_set_held_elsewhere(0, 200 * MiB) == 0);  // past the whole cap: nothing is left
+          EXPECT(strata_malloc(4096, 0, a) == nullptr);
+          EXPECT(mentions("held elsewhere"));
         }) == "");
 }
 
