@@ -155,11 +155,16 @@ int main(int argc, char** argv)
     std::printf("  %-62s %6.3f  %s\n", what, ratio, pass ? "PASS" : "FAIL");
   };
 
-  // Rows are measured in rounds, each round every row once per size in an order rotated from round to round,
-  // so that no row always runs first, right after another row's stack or on a device warmed by the same row;
-  // a ratio is the median over rounds of the two rows' times in the same round, which cancels what drifts
-  // between rounds.
+  // Rows are measured in rounds, each round every row once per size, in an order rotated from round to round
+  // and reversed every other round, so that no row always runs first or always right after the same other
+  // row; a ratio is the median over rounds of the two rows' times in the same round, which cancels what
+  // drifts between rounds.
   const int rounds = quick ? 3 : 7;
+  const auto row_at = [&](std::size_t position, int round, std::size_t shift) {
+    const std::size_t n = rows.size(), r = static_cast<std::size_t>(round);
+    const std::size_t step = round % 2 == 0 ? position : n - 1 - position;
+    return (step + r + shift) % n;
+  };
   const auto paired = [&](const std::vector<double>& num, const std::vector<double>& den) {
     std::vector<double> r;
     for (std::size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
@@ -177,7 +182,7 @@ int main(int argc, char** argv)
     for (int r = 0; r < rounds; ++r)
       for (std::size_t i = 0; i < sizes.size(); ++i)
         for (std::size_t j = 0; j < rows.size(); ++j) {
-          const std::size_t k = (j + static_cast<std::size_t>(r) + i) % rows.size();
+          const std::size_t k = row_at(j, r, i);
           times[k][i].push_back(rows[k].pair(sizes[i], quick ? 0.01 : 0.05));
         }
     std::printf("\n1. pair latency (allocate then free the same size on one stream), ns per pair, median of %d rounds in "
@@ -216,7 +221,7 @@ int main(int argc, char** argv)
       const auto ops = strata::bench::random_ops(count, max_live, dist == 1, 42 + static_cast<unsigned>(dist));
       for (int r = 0; r < rounds; ++r)
         for (std::size_t j = 0; j < rows.size(); ++j) {
-          const std::size_t k = (j + static_cast<std::size_t>(r)) % rows.size();
+          const std::size_t k = row_at(j, r, 0);
           times[k][static_cast<std::size_t>(dist)].push_back(rows[k].random(ops, max_live));
         }
     }

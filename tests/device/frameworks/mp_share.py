@@ -389,12 +389,15 @@ def main():
         if r:
             label = "stack=default, parent to a child on PyTorch's own allocator"
             one_size = {n: len(set(sz)) == 1 for n, sz in r["sizes"].items()}
-            check(f"{label}: a block over physical allocations of one size goes out in PyTorch's expandable-segment "
-                  "handle, any other in strata's", all((r["types"][n] == "e") == one_size[n] and r["types"][n] in "es"
-                                                      for n in r["types"]), json.dumps([r["types"], r["sizes"]]))
+            # Strata's own handle only where PyTorch's cannot describe the block (its allocations differ in size).
+            check(f"{label}: strata's handle goes out only for a block over physical allocations of several sizes",
+                  all(r["types"][n] in "es" and (r["types"][n] == "e" or not one_size[n]) for n in r["types"]),
+                  json.dumps([r["types"], r["sizes"]]))
             if not r["sent"]:
+                # Which blocks lie over allocations of one size depends on what the pool mapped before: strata
+                # does not promise it for a given block, so this run had nothing PyTorch's allocator can open.
                 check.skip(f"{label}: the child sees the parent's values",
-                           f"no block lay over allocations of one size this time: {json.dumps(r['sizes'])}")
+                           f"every block lay over allocations of several sizes in this run: {json.dumps(r['sizes'])}")
             else:
                 check(f"{label}: the child sees the parent's values", r["values_seen"] and not r["child_error"],
                       r["child_error"] or json.dumps(r["sent"]))
