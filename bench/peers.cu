@@ -5,7 +5,10 @@
 //   3. replay of every trace given (the format of bench/traces/README.md) on real device memory, from a fresh allocator each time
 //      (growth counted): ns per operation, peak reserved / peak live, and the device's own view (the rise in
 //      cudaMemGetInfo's used memory over the replay). Streams as in the trace (0: the legacy default stream,
-//      others created) for every allocator that takes a stream.
+//      others created) for every allocator that takes a stream. Each trace is replayed once by every allocator
+//      untimed (the device, the driver and the trace's streams warm), then --repeats times (default 3) in
+//      rounds, the allocators' order rotated from round to round and reversed every other round: ns per
+//      operation is the median of the rounds (their range beside it), the memory figures the first round's.
 // Every row of the table in `all_stacks` is measured in every part; stream-ordered strata stacks run on a
 // created stream in parts 1 and 2. The targets are stated against `recommended_stack`, fixed here before the
 // run. Peers: cudaMalloc/cudaFree, cudaMallocAsync (own pool, release threshold at the maximum), CUB's
@@ -13,13 +16,14 @@
 // resource; RMM's pool and arena through its stream API (bench/rmm_shim) and PyTorch's caching allocator,
 // default and expandable segments (bench/torch_shim), when their shims are given.
 //   peers [--json FILE] [--trace FILE]... [--traces DIR] [--rmm-shim PATH] [--torch-shim PATH] [--only TEXT] [--quick]
-//         [--parts pair,random,replay]
+//         [--parts pair,random,replay] [--repeats N] [--no-warmup]
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
 #include <filesystem>
@@ -672,6 +676,8 @@ int main(int argc, char** argv)
   const std::string parts = strata::bench::option(argc, argv, "--parts", "pair,random,replay");
   const auto part = [&](const char* name) { return parts.find(name) != std::string::npos; };
   const std::vector<std::string> traces = part("replay") ? trace_paths(argc, argv) : std::vector<std::string>{};
+  const int repeats = std::max(1, std::atoi(strata::bench::option(argc, argv, "--repeats", quick ? "1" : "3").c_str()));
+  const bool warmup = !strata::bench::flag(argc, argv, "--no-warmup");
   if (!strata::bench::gpu_present("peers")) return 0;  // bench/replay plans traces on simulated memory
   cudaDeviceProp prop{};
   strata::bench::check(cudaGetDeviceProperties(&prop, 0), "properties");
@@ -763,9 +769,10 @@ int main(int argc, char** argv)
       std::printf("%s\n", e.what());
       continue;
     }
-    std::vector<device_replay> results;
-    for (auto& row : rows) {
-      if (!row.replays || (quick && row.name == "cudaMalloc/cudaFree")) continue;
+    std::vector<stack_row*> replaying;
+    for (auto& row : rows)
+      if (row.replays && !(quick && row.name == "cudaMalloc/cudaFree")) replaying.push_back(&row);
+    const auto replay_once = [&](stack_row& row) {
       device_replay r;
       try {
         (void)cudaDeviceSynchronize();
@@ -776,23 +783,48 @@ int main(int argc, char** argv)
       } catch (const std::exception& e) {
         r.failed = true;
         r.failure = e.what();
+        (void)cudaGetLastError();
       }
       r.stack = row.name;
-      if (r.failed) failures.push_back(row.name + ": replay of " + traces[t] + ": " + r.failure);
       row.make.drop();
+      return r;
+    };
+    if (warmup)
+      for (stack_row* row : replaying) (void)replay_once(*row);  // untimed; a failure shows again below
+    const std::size_t n = replaying.size();
+    std::vector<std::vector<device_replay>> rounds(n);
+    for (int round = 0; round < repeats; ++round)
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t position = round % 2 == 0 ? j : n - 1 - j;
+        const std::size_t i = (position + static_cast<std::size_t>(round)) % n;
+        rounds[i].push_back(replay_once(*replaying[i]));
+      }
+    std::vector<device_replay> results;
+    std::vector<std::vector<double>> times(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      device_replay r = rounds[i].front();
+      for (const device_replay& x : rounds[i]) {
+        if (x.failed && !r.failed) r = x;
+        times[i].push_back(x.ns_per_op);
+      }
+      if (!r.failed) r.ns_per_op = median(times[i]);
+      if (r.failed) failures.push_back(r.stack + ": replay of " + traces[t] + ": " + r.failure);
       results.push_back(r);
     }
     std::printf("\n3. replay of %s on device memory, on the trace's streams where the allocator takes one (reserved: what the "
                 "allocator holds from the device; device: the rise in cudaMemGetInfo's used memory)\n%-52s %10s %10s %12s %12s %9s %12s %9s\n",
                 traces[t].c_str(), "stack", "ops", "ns/op", "live MiB", "rsv MiB", "rsv/live", "device MiB", "dev/live");
-    for (const auto& r : results) {
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
       if (r.failed) {
         std::printf("%-52s FAILED after %zu ops: %s\n", r.stack.c_str(), r.operations, r.failure.c_str());
         continue;
       }
-      std::printf("%-52s %10zu %10.1f %12.1f %12.1f %8.3fx %12.1f %8.3fx\n", r.stack.c_str(), r.operations, r.ns_per_op,
-                  static_cast<double>(r.peak_live) / (1 << 20), static_cast<double>(r.peak_reserved) / (1 << 20), r.ratio(),
-                  static_cast<double>(r.device_peak) / (1 << 20), r.device_ratio());
+      const auto [lo, hi] = std::minmax_element(times[i].begin(), times[i].end());
+      std::printf("%-52s %10zu %10.1f %12.1f %12.1f %8.3fx %12.1f %8.3fx   ns/op %.1f-%.1f over %zu rounds\n", r.stack.c_str(),
+                  r.operations, r.ns_per_op, static_cast<double>(r.peak_live) / (1 << 20),
+                  static_cast<double>(r.peak_reserved) / (1 << 20), r.ratio(), static_cast<double>(r.device_peak) / (1 << 20),
+                  r.device_ratio(), *lo, *hi, times[i].size());
     }
     json << (t ? "," : "") << "{\"trace\":\"" << traces[t] << "\",\"results\":[";
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -801,6 +833,9 @@ int main(int argc, char** argv)
            << ",\"peak_live\":" << r.peak_live << ",\"peak_reserved\":" << r.peak_reserved << ",\"ratio\":" << json_number(r.ratio())
            << ",\"device_peak\":" << r.device_peak << ",\"device_ratio\":" << json_number(r.device_ratio())
            << ",\"own_peak_reserved\":" << r.own_peak_reserved << ",\"own_peak_allocated\":" << r.own_peak_allocated
+           << ",\"ns_per_op_rounds\":[";
+      for (std::size_t k = 0; k < times[i].size(); ++k) json << (k ? "," : "") << json_number(times[i][k]);
+      json << "]"
            << ",\"failed\":" << (r.failed ? "true" : "false") << "}";
     }
     json << "]}";
