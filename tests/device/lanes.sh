@@ -40,7 +40,7 @@ cpu_builds() {
   # Without doctest installed, its header at .device/doctest/doctest.h (carried) serves.
   [ ! -e /usr/include/doctest/doctest.h ] && [ -e .device/doctest/doctest.h ] && doctest=(-DSTRATA_DOCTEST_INCLUDE="$PWD/.device")
   note "cpu: builds start"
-  renice -n 19 -p $$ >/dev/null 2>&1
+  renice -n 19 -p "$BASHPID" >/dev/null 2>&1  # this background subshell only, not the GPU steps
   { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=OFF \
       ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} "${doctest[@]}" && cmake --build build -j12; } >"$R/main_build.log" 2>&1
   note "cpu: main build rc=$?"
