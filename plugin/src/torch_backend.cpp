@@ -949,12 +949,6 @@ private:
     v.last = f;
     apply(v);
   }
-  /// observe(), where a device whose stack is not built reads as having no cap (rather than a cap of 0).
-  static void observe_known(device_view& v, c10::DeviceIndex device)
-  {
-    observe(v, device);
-    if (v.last.limit == 0 && v.last.device_memory == 0) v.last.limit = SIZE_MAX;
-  }
 
   /// The statistics brought to the stack's last figures and the table's parked blocks.
   static void apply(device_view& v)
@@ -1203,7 +1197,8 @@ private:
       // The cap and what strata holds as they are now: the figures of the last call may predate a new memory
       // fraction, or strata's stack may not be built yet.
       (void)strata_device_prepare(device);
-      observe_known(v, device);
+      v.last = figures(device);
+      apply(v);
       if (!cap_has_room(v, segment)) {
         ++v.cap_ooms;
         apply(v);
