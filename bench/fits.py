@@ -54,6 +54,13 @@ def family(name):
     return (int(layers), int(hidden)) if layers.isdigit() and hidden.isdigit() else None
 
 
+def is_number(text):
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
 def known(name):
     return name in MODELS or family(name) is not None
 OOM_EXIT = 3
@@ -260,7 +267,8 @@ def main():
                     "(default: the device's, less 6 GiB)")
     ap.add_argument("--budget", type=float, default=float("inf"), help="start no trial after this many seconds")
     ap.add_argument("--start", default="", help="model=W,...: where the search starts (default 2048 tokens, 8 images; "
-                    "for the Llama family about where the cap binds)")
+                    "for the Llama family about where the cap binds); model@CAP=W: a start near the answer at "
+                    "that cap, searched in steps of about 4%% of it")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     if a.trial:
@@ -270,10 +278,12 @@ def main():
     caps = [float(c) for c in a.caps.split(",")] if a.caps else [a.cap_gib]
     starts = {}
     for item in filter(None, a.start.split(",")):
-        name, _, value = item.partition("=")
-        if not known(name) or not value.isdigit() or int(value) <= 0:
-            raise SystemExit(f"--start: {item!r} is not model=W with a known model ({', '.join(MODELS)}, llama{{L}}x{{H}}) and W > 0")
-        starts[name] = int(value)
+        key, _, value = item.partition("=")
+        name, at, cap = key.partition("@")
+        if not known(name) or not value.isdigit() or int(value) <= 0 or (at and not is_number(cap)):
+            raise SystemExit(f"--start: {item!r} is not model=W or model@CAP=W with a known model "
+                             f"({', '.join(MODELS)}, llama{{L}}x{{H}}), a cap in GiB and W > 0")
+        starts[(name, float(cap)) if at else name] = int(value)
     models = a.models.split(",")
     for m in models:
         if not known(m):
@@ -288,7 +298,12 @@ def main():
     lock = threading.Lock()
 
     def search_spec(model, cap):
-        """(granule, start, stride) of a model at a cap."""
+        """(granule, start, stride) of a model at a cap. A start given for this cap is taken to be near the
+        answer: the search steps from it by about 4% of it, then bisects within that step."""
+        granule = 1 if model.startswith("resnet") else FAMILY_GRANULE if family(model) is not None else 64
+        if (model, cap) in starts:
+            near = starts[(model, cap)]
+            return granule, near, max(granule, round(near * 0.04 / granule) * granule)
         if model.startswith("resnet"):
             return 1, starts.get(model, 8), None
         if family(model) is not None:

@@ -8,14 +8,17 @@
 #   bash tests/device/lanes.sh wait 560
 #
 # STEPS, a comma list (default cuda,trees,frameworks,graph_memory,plugin,ctest), run one after the other on the
-# GPU, never two at once (the PyTorch suite's memory tests read what the GPU and the process hold):
+# GPU in this order, never two at once (the PyTorch suite's memory tests read what the GPU and the process hold):
+#   traces        bench/record_traces.py for the workloads in $TRACES (default: every one), before the rest
 #   cuda          PyTorch's test_cuda.py selection under strata (pytorch_suite/run.sh --set cuda --modes strata)
 #   trees         test_cudagraph_trees.py under strata
 #   native        both files natively too, before the strata runs
 #   frameworks    the frameworks suite's memory API and contract (ONLY=memory_api,contract frameworks/run.sh)
-#   graph_memory  graph-pool peak reserved under reduce-overhead on three models (torch/graph_pool_memory.py)
+#   graph_memory  graph-pool peak reserved on three models, under reduce-overhead and torch.cuda.graph
+#                 (torch/graph_pool_memory.py)
 #   plugin        tests/device/plugin.sh
 #   ctest         the whole test suite with STRATA_REQUIRE_GPU=1, then the GPU suite alone
+#   fits          bench/fits.py with the arguments in $FITS_ARGS (the cap study; --out is given), last
 # Meanwhile the CPU builds what plugin and ctest need (the main build with PyTorch's CMake package, so the
 # PyTorch hooks library and the Python package's tests are in it), at the lowest priority, so that the
 # timing-sensitive tests on the GPU meanwhile are not starved. The plug-in for the PyTorch runs comes from
@@ -70,6 +73,10 @@ gpu_steps() {
     [ "$rc" = 5 ] && [ "$modes" = strata ] && rc=0
     note "gpu: $2 rc=$rc ($(grep -m1 -E '^(PASS|FAIL)' "$R/$1.out"))"
   }
+  if has traces; then
+    python3 bench/record_traces.py --out "$R/traces" ${TRACES:+--workloads "$TRACES"} >"$R/traces.out" 2>&1
+    note "gpu: record_traces rc=$? ($(ls "$R"/traces/*.csv.gz 2>/dev/null | wc -l) traces)"
+  fi
   has cuda && suite cuda cuda 260
   has trees && suite trees cudagraph_trees 150
   if has frameworks; then
@@ -78,7 +85,7 @@ gpu_steps() {
   fi
   if has graph_memory; then
     mkdir -p "$R/graph_memory"
-    python3 tests/device/torch/graph_pool_memory.py --modes compile-ro --out "$R/graph_memory" >"$R/graph_memory.out" 2>&1
+    python3 tests/device/torch/graph_pool_memory.py --modes compile-ro,graph --out "$R/graph_memory" >"$R/graph_memory.out" 2>&1
     note "gpu: graph_pool_memory rc=$? ($(tail -1 "$R/graph_memory.out"))"
   fi
   if has plugin || has ctest; then
@@ -95,6 +102,12 @@ gpu_steps() {
     note "gpu: ctest rc=$? ($(grep 'tests passed' "$R/ctest.log"))"
     STRATA_REQUIRE_GPU=1 build/tests/strata_gpu_tests >"$R/gpu_tests.log" 2>&1
     note "gpu: strata_gpu_tests rc=$? ($(grep -E '^\[doctest\] test cases' "$R/gpu_tests.log"))"
+  fi
+  if has fits; then
+    mkdir -p "$R/fits"
+    # shellcheck disable=SC2086  # FITS_ARGS is a list of arguments
+    python3 bench/fits.py $FITS_ARGS --out "$R/fits" >"$R/fits.out" 2>&1
+    note "gpu: fits rc=$?"
   fi
 }
 
