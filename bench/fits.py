@@ -17,8 +17,8 @@ tokens per batch in steps of 256, 8 steps per size by default): llama8x1024 is t
 
 Why the cap binds where it does: each fitting trial records its peak reserved and peak allocated bytes, each
 failing one the allocator's out-of-memory message (bytes live, bytes asked for, what the allocator held); the
-table quotes peak reserved / peak allocated at each allocator's largest fit, and marks a fitting trial whose
-peak reserved exceeded the cap (none may).
+table quotes peak reserved / peak allocated at each allocator's largest fit. A trial that trains while its peak
+reserved exceeds the cap does not fit: it is listed under the tables, and the run fails if it was strata's.
 
 Caps: PyTorch's allocators by torch.cuda.set_per_process_memory_fraction(cap / device memory); strata by its
 configuration's limit=CAP ("strata"), or by set_per_process_memory_fraction under strata ("strata_fraction": the
@@ -161,12 +161,14 @@ def run_trial(model, allocator, work, a, log, cap_gib):
             "--cap-gib", str(cap_gib), "--steps", str(steps_of(model, a))]
     start = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.trial_timeout)
-    fits = p.returncode == 0
     if p.returncode not in (0, OOM_EXIT):
         raise RuntimeError(f"{model}/{allocator} at {work}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
+    detail = (p.stdout.strip().splitlines() or [""])[-1][:300]
+    # A trial that trained while holding more than its cap did not fit under it: it is logged as over the cap.
+    over = p.returncode == 0 and json.loads(detail.split(" ", 1)[1])["peak_reserved"] > cap_gib * (1 << 30)
+    fits = p.returncode == 0 and not over
     log.append({"cap_gib": cap_gib, "model": model, "allocator": allocator, "work": work, "fits": fits,
-                "seconds": round(time.time() - start, 1),
-                "detail": (p.stdout.strip().splitlines() or [""])[-1][:300]})
+                "over_cap": over, "seconds": round(time.time() - start, 1), "detail": detail})
     return fits
 
 
@@ -354,7 +356,7 @@ def main():
                 return json.loads(t["detail"].split(" ", 1)[1])
         return None
 
-    over_cap = [t for t in log if t["fits"] and json.loads(t["detail"].split(" ", 1)[1])["peak_reserved"] > t["cap_gib"] * (1 << 30)]
+    over_cap = [t for t in log if t.get("over_cap")]
     tables = []
     for cap in caps:
         res = {m: results[cap][m] for m in models if m in results[cap]}
@@ -384,17 +386,18 @@ def main():
         tables.append("\n".join(lines) + "\n")
     table = "\n".join(tables)
     if over_cap:
-        table += "\nFitting trials whose peak reserved exceeded the cap: " + json.dumps(
+        table += "\nTrials that trained while holding more than the cap (counted as not fitting): " + json.dumps(
             [{k: t[k] for k in ("cap_gib", "model", "allocator", "work", "detail")} for t in over_cap]) + "\n"
     else:
-        table += "\nNo fitting trial held more than its cap.\n"
+        table += "\nNo trial held more than its cap.\n"
     with open(os.path.join(a.out, "fits.json"), "w") as fh:
         json.dump({"caps_gib": caps, "steps": {m: steps_of(m, a) for m in models}, "resolution": a.resolution,
                    "results": {str(c): results[c] for c in caps}, "trials": log}, fh, indent=1)
     with open(os.path.join(a.out, "fits.md"), "w") as fh:
         fh.write(table)
     print(table)
-    if any(r["errors"] for c in caps for r in results[c].values()) or over_cap:
+    # strata holding more than its cap fails the run; a peer doing so is reported, as its figures are.
+    if any(r["errors"] for c in caps for r in results[c].values()) or any(t["allocator"].startswith("strata") for t in over_cap):
         sys.exit(1)
 
 
