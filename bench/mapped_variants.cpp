@@ -6,8 +6,9 @@
 // pool can go under with this placement: the most 2 MiB pages live blocks ever touched, over peak live.
 // The last rows put a size-class front (segregator + size_class_pool, the random-allocation benchmark's
 // fast path) before the default pool, to show what it costs in memory.
-//   mapped_variants [--repeat N] [TRACE_DIR]            simulated pages, no GPU needed (x0.9 / x1.0 / x1.1)
-//   mapped_variants --device [--repeat N] [TRACE_DIR]   driver_pages on the current GPU, x1.0
+//   mapped_variants [--repeat N] [--traces a,b] [TRACE_DIR]            simulated pages, no GPU needed (x0.9 / x1.0 / x1.1)
+//   mapped_variants --device [--repeat N] [--traces a,b] [TRACE_DIR]   driver_pages on the current GPU, x1.0
+// --traces: the traces' names in TRACE_DIR (default bert_train_varlen,llama_generate,resnet50_train,vit_train_2streams).
 // Prints a Markdown table. TRACE_DIR defaults to bench/traces (run from the repository root). ns/op is the
 // time inside the pool's calls, the fastest of N replays (default 1; every replay of a variant makes the same
 // calls, so only the time varies); on a GPU after one untimed replay, as a process's first device memory
@@ -98,6 +99,18 @@ replay::replay_result replay_front(const char* name, Pool& pool, const std::vect
   }
 }
 
+/// "a,b,c" -> {"a", "b", "c"}, empty names dropped.
+std::vector<std::string> split_names(const std::string& list)
+{
+  std::vector<std::string> names;
+  for (std::size_t start = 0; start <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    if (comma > start) names.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return names;
+}
+
 template <class Backend, class Make>
 outcome replay_variant(const variant<Backend>& v, const std::vector<trace_event>& events, Make make_backend)
 {
@@ -114,13 +127,13 @@ outcome replay_variant(const variant<Backend>& v, const std::vector<trace_event>
 }
 
 template <class Backend, class Make>
-int run(const std::string& dir, const std::vector<double>& scales, int repeats, bool warm_up, Make make_backend)
+int run(const std::string& dir, const std::vector<std::string>& traces, const std::vector<double>& scales, int repeats, bool warm_up,
+        Make make_backend)
 {
-  const char* traces[] = {"bert_train_varlen", "llama_generate", "resnet50_train", "vit_train_2streams"};
   std::vector<std::vector<trace_event>> loaded;
-  for (const char* t : traces) loaded.push_back(replay::read_trace(dir + "/" + t + ".csv.gz"));
+  for (const auto& t : traces) loaded.push_back(replay::read_trace(dir + "/" + t + ".csv.gz"));
   std::printf("| variant |");
-  for (const char* t : traces) std::printf(" %s: held/live x%s; maps/unmaps per 1000 ops; ns/op |", t, scales.size() > 1 ? "0.9/1.0/1.1" : "1.0");
+  for (const auto& t : traces) std::printf(" %s: held/live x%s; maps/unmaps per 1000 ops; ns/op |", t.c_str(), scales.size() > 1 ? "0.9/1.0/1.1" : "1.0");
   std::printf(" worst | page floor (x1.0) |\n|---|");
   for (std::size_t i = 0; i <= std::size(traces) + 1; ++i) std::printf("---|");
   std::printf("\n");
@@ -142,7 +155,7 @@ int run(const std::string& dir, const std::vector<double>& scales, int repeats, 
         }
         if (o.r.failed) {
           ++failures;
-          std::fprintf(stderr, "%s on %s x%g failed: %s\n", v.name, traces[t], scale, o.r.failure.c_str());
+          std::fprintf(stderr, "%s on %s x%g failed: %s\n", v.name, traces[t].c_str(), scale, o.r.failure.c_str());
           ratios += ratios.empty() ? "failed" : " / failed";
           continue;
         }
@@ -173,24 +186,30 @@ int main(int argc, char** argv)
   bool device = false;
   int repeats = 1;
   std::string dir = "bench/traces";
+  std::vector<std::string> traces{"bert_train_varlen", "llama_generate", "resnet50_train", "vit_train_2streams"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--device") device = true;
     else if (arg == "--repeat" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--traces" && i + 1 < argc) traces = split_names(argv[++i]);
     else if (!arg.empty() && arg[0] == '-') {
-      std::fprintf(stderr, "usage: %s [--device] [--repeat N] [TRACE_DIR]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--device] [--repeat N] [--traces a,b,...] [TRACE_DIR]\n", argv[0]);
       return 2;
     }
     else dir = arg;
   }
+  if (traces.empty()) {
+    std::fprintf(stderr, "mapped_variants: --traces names no trace\n");
+    return 2;
+  }
   try {
-    if (!device) return run<simulated_pages>(dir, {0.9, 1.0, 1.1}, repeats, false, [] { return simulated_pages{}; });
+    if (!device) return run<simulated_pages>(dir, traces, {0.9, 1.0, 1.1}, repeats, false, [] { return simulated_pages{}; });
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       std::fprintf(stderr, "mapped_variants: --device needs a GPU, and none is present\n");
       return 1;
     }
-    return run<driver_pages>(dir, {1.0}, repeats, true, [] { return driver_pages{}; });
+    return run<driver_pages>(dir, traces, {1.0}, repeats, true, [] { return driver_pages{}; });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mapped_variants: %s\n", e.what());
     return 1;

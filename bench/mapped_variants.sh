@@ -26,6 +26,8 @@ step() {  # step LABEL LOG COMMAND...: runs it from the repository root, output 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/device.txt" 2>/dev/null || echo "no GPU" > "$out/device.txt"
 git -C "$root" rev-parse --short HEAD > "$out/commit.txt" 2>/dev/null
 step simulated_variants mapped_variants.md "$build/bench/mapped_variants" --repeat 3 bench/traces
+step simulated_variants_families mapped_variants_families.md "$build/bench/mapped_variants" --repeat 3 \
+  --traces mixtral_moe_train,t5_train_varlen,fasterrcnn_train_multiscale,llama_prefill_long,gpt2m_generate_kvcache bench/traces
 step replays replay_all.log "$here/replay_all.sh" "$out/replays" "$build"
 if [ "$(cat "$out/device.txt")" != "no GPU" ]; then
   step device_variants mapped_variants_device.md "$build/bench/mapped_variants" --device --repeat 3 bench/traces
