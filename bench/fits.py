@@ -4,9 +4,10 @@ strata (device; PyTorch 2.11, transformers, no network: models are built from co
 For each model the work per step is one number W (tokens per batch for the transformers, images per batch for
 the ResNet); every step draws its own shape (sequence length, image size) from a seeded generator, so the
 allocator sees new sizes each step, as in real training. A trial trains `--steps` steps at W in a fresh process
-under the cap and fits if no step runs out of memory. Per allocator, W doubles from its start until a trial
-fails (or, for a model with a stride, steps up or down by the stride from its start until the outcome turns),
-then bisection narrows the largest W that fits to `--resolution` (a share of W) or the model's granule. Several
+under the cap and fits if no step runs out of memory and its peak reserved stays within the cap. Per
+allocator, W doubles from its start until a trial fails (or, for the Llama family or a start given for that cap,
+steps up or down by a stride from its start until the outcome turns, at most 32 steps), then bisection narrows
+the largest W that fits to `--resolution` (a share of W) or the model's granule. Several
 caps (`--caps 8,12,16`) are searched in one run: searches run at once while the caps of those running fit in
 `--gpu-gib` (each trial holds at most its cap). Past `--budget` seconds no trial starts: a search cut short
 reports its bracket (fits at lo, fails at hi, or not found) and the table marks it.
@@ -26,7 +27,7 @@ two must give the same answer).
 
     python3 bench/fits.py --caps 8,12,16 --models llama8x1024 --out OUT          # the cap study (see --help)
     python3 bench/fits.py --cap-gib 8 --out OUT [--models gpt2_varlen,llama_varlen,bert_varlen,resnet18_varsize]
-                          [--parallel-models] [--budget SECONDS] [--start model=W,...]
+                          [--parallel-models] [--budget SECONDS] [--start model=W,model@CAP=W,...]
 Writes OUT/fits.json (every trial) and OUT/fits.md (a table per cap), and prints the tables.
 """
 
@@ -64,6 +65,7 @@ def is_number(text):
 def known(name):
     return name in MODELS or family(name) is not None
 OOM_EXIT = 3
+STRIDE_STEPS = 32  # a stepped search that has not turned after this many steps started far from the answer
 
 
 # ---- one trial, in its own process ------------------------------------------------------------------------
@@ -198,6 +200,9 @@ def largest(model, allocator, a, log, granule, start, cap_gib, stride=None):
         if attempt(w):
             lo = w
             while hi is None:
+                if w >= start + STRIDE_STEPS * stride:
+                    raise RuntimeError(f"{model}/{allocator}: still fits at {w}, {STRIDE_STEPS} steps above the start; "
+                                       "start nearer the answer")
                 w += stride
                 if attempt(w):
                     lo = w
@@ -290,6 +295,10 @@ def main():
     for m in models:
         if not known(m):
             raise SystemExit(f"unknown model {m}; known: {', '.join(MODELS)}, llama{{L}}x{{H}}")
+    unused = [k for k in starts if (k[0] if isinstance(k, tuple) else k) not in models
+              or (isinstance(k, tuple) and k[1] not in caps)]
+    if unused:
+        raise SystemExit(f"--start names what this run does not search: {unused} (models {models}, caps {caps})")
     allocators = a.allocators.split(",")
     if a.gpu_gib <= 0:
         probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],

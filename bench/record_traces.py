@@ -70,7 +70,7 @@ def build_model(family):
 
 
 def build_trainee(family):
-    """(model, loss of one batch): the model in fp32 on the GPU, in training mode."""
+    """The model in fp32 on the GPU, in training mode."""
     import torch
     import transformers
 
@@ -244,17 +244,22 @@ def main():
             else:
                 cmd += ["--trace", os.path.join(args.out, f"{name}.csv.gz")]
             runs.append((name, expandable, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    failed = 0
+    # A workload's lines are written only when both of its runs succeeded: its figures go together.
+    lines, failed = {}, set()
+    for name, expandable, proc in runs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            failed.add(name)
+            print(f"{name} ({'expandable' if expandable else 'default'}) failed:\n{err[-3000:]}", flush=True)
+            continue
+        lines.setdefault(name, []).append(out.strip().splitlines()[-1])
     with open(os.path.join(args.out, "figures.jsonl"), "a") as figures:
-        for name, expandable, proc in runs:
-            out, err = proc.communicate()
-            if proc.returncode != 0:
-                failed += 1
-                print(f"{name} ({'expandable' if expandable else 'default'}) failed:\n{err[-3000:]}", flush=True)
+        for name in names:
+            if name in failed:
                 continue
-            line = out.strip().splitlines()[-1]
-            figures.write(line + "\n")
-            print(line, flush=True)
+            for line in lines[name]:
+                figures.write(line + "\n")
+                print(line, flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -7,7 +7,6 @@ import os
 import sys
 
 
-
 def pytorch_figures():
     """PyTorch's own max_memory_reserved / max_memory_allocated on each trace's recording run, default and with
     expandable segments: the last column of bench/traces/README.md's table."""

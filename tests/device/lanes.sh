@@ -71,7 +71,7 @@ gpu_steps() {
     tests/device/pytorch_suite/run.sh --set "$2" --modes "$modes" --budget "$3" --out "$R/suite" >"$R/$1.out" 2>&1
     rc=$?
     [ "$rc" = 5 ] && [ "$modes" = strata ] && rc=0
-    note "gpu: $2 rc=$rc ($(grep -m1 -E '^(PASS|FAIL)' "$R/$1.out"))"
+    note "gpu: $2 rc=$rc ($(grep -m1 -E '^(PASS|FAIL):' "$R/$1.out"))"
   }
   if has traces; then
     python3 bench/record_traces.py --out "$R/traces" ${TRACES:+--workloads "$TRACES"} >"$R/traces.out" 2>&1
@@ -106,7 +106,7 @@ gpu_steps() {
   if has fits; then
     mkdir -p "$R/fits"
     # shellcheck disable=SC2086  # FITS_ARGS is a list of arguments
-    python3 bench/fits.py $FITS_ARGS --out "$R/fits" >"$R/fits.out" 2>&1
+    python3 bench/fits.py ${FITS_ARGS:-} --out "$R/fits" >"$R/fits.out" 2>&1
     note "gpu: fits rc=$?"
   fi
 }
@@ -116,6 +116,10 @@ case "$mode" in
     if [ -f "$R/lanes.pid" ] && kill -0 "$(cat "$R/lanes.pid")" 2>/dev/null && [ ! -f "$R/done" ]; then
       echo "lanes already running (pid $(cat "$R/lanes.pid")): wait for them, or kill that process group first" >&2
       exit 3
+    fi
+    if [[ ",${2:-}," == *,fits,* && -z "${FITS_ARGS:-}" ]]; then
+      echo "the fits step needs FITS_ARGS (bench/fits.py's caps, models and starts): its defaults search for hours" >&2
+      exit 4
     fi
     rm -rf "$R"
     mkdir -p "$R"

@@ -403,7 +403,7 @@ inline std::vector<stack_spec> standard_stacks()
                    [](const std::string& n, const auto& ev, const run_options& o) {
                      return mapped(n, ev, o, mopts{.reclaim_slack_fraction = 0.0, .max_mapping = SIZE_MAX});
                    }));
-  s.push_back(spec("mapped_pool_relocate", "mapped_pool (relocates idle memory: no device waits; the plug-in's default)", true, false,
+  s.push_back(spec("mapped_pool_relocate", "mapped_pool (relocates idle memory before reclaiming; the plug-in's default)", true, false,
                    [](const std::string& n, const auto& ev, const run_options& o) { return mapped(n, ev, o, mopts{.relocate_idle = true}); }));
   s.push_back(spec("mapped_pool_no_reclaim", "mapped_pool (never reclaims: like expandable segments)", true, false,
                    [](const std::string& n, const auto& ev, const run_options& o) {

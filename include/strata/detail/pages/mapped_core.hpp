@@ -80,8 +80,9 @@ public:
     /// headroom the loop settles after a few reclaims, holding at most that much more. 0: never raised.
     double reclaim_headroom_fraction = 0.0;
     /// At the high-water mark, move idle physical memory to where it is needed before waiting for the device
-    /// to give it back: no device waits, for more memory (whole allocations move, so the pool follows the live
-    /// set less closely; docs/memory.md). Off: every such growth is a reclaim (one device-wide wait).
+    /// to give it back: no device wait where idle allocations cover the need, for more memory (whole
+    /// allocations move, so the pool follows the live set less closely; docs/memory.md). Off: every such growth
+    /// is a reclaim (one device-wide wait).
     bool relocate_idle = false;
     /// A pool that keeps reclaiming at a steady rate is not growing to a new peak (growth reclaims in bursts
     /// that end: no shared trace reaches the rate below, docs/memory.md) but running a loop whose blocks land on
