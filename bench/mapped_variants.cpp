@@ -63,6 +63,7 @@ std::vector<variant<Backend>> variants()
       {"page by page (2 MiB mappings)", opts{.max_mapping = 2 * mib, .min_mapping = 0}},
       {"1% slack above live before reclaiming", opts{.reclaim_slack_fraction = 0.01}},
       {"64 placement candidates", opts{.placement_candidates = 64}},
+      {"placement by size alone (1 candidate)", opts{.placement_candidates = 1}},
       {"never reclaims (like expandable segments)", opts{.reclaim_slack = SIZE_MAX}},
       {"defaults behind size classes up to 64 KiB", opts{}, front::classes_64k},
       {"defaults behind size classes up to 1 MiB", opts{}, front::classes_1m},
