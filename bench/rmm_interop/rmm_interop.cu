@@ -2,7 +2,7 @@
 //   1. pair: allocate then free one size on a stream, ns per pair, 256 B .. 16 MiB;
 //   2. random: bench/random_ops.hpp's 50/50 sequence (uniform 1 B .. 1 MiB, and log-uniform 256 B .. 64 MiB),
 //      ns per operation;
-//   3. replay: the eight traces of bench/traces through default_pool directly and through RMM's current
+//   3. replay: every trace of bench/traces through default_pool directly and through RMM's current
 //      device resource, peak bytes the pool holds on the device.
 // Rows of 1 and 2, measured in rounds with the rows in an order rotated from round to round: default_pool
 // called directly; the same stack as rmm_resource called directly (its lock), and through
