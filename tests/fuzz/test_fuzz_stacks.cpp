@@ -1,17 +1,40 @@
 // The differential fuzzer's short run: every registered stack, a few fixed seeds, every check after every
 // step (fuzz/stack_fuzzer.hpp). The long run is tests/fuzz/long_run.sh; libFuzzer's entry is libfuzzer.cpp.
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 #include <doctest/doctest.h>
 
 #include "fuzz/stack_fuzzer.hpp"
 
 using namespace strata::testing;
 
+namespace {
+
+/// Seeds per stack: 10, or STRATA_FUZZ_SEEDS (1 to 1000). The sanitizer builds run fewer, since instrumentation
+/// slows each step tenfold and libFuzzer explores the same stacks under them besides.
+std::uint64_t seeds_per_stack()
+{
+  const char* text = std::getenv("STRATA_FUZZ_SEEDS");
+  if (text == nullptr) return 10;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text, &end, 10);
+  if (end == text || *end != '\0' || n < 1 || n > 1000)
+    throw std::invalid_argument(std::string("STRATA_FUZZ_SEEDS: ") + text + " is not a number of seeds from 1 to 1000");
+  return n;
+}
+
+} // namespace
+
 TEST_CASE("fuzz: every stack keeps every box's promises on an adversarial upstream, fixed seeds")
 {
   REQUIRE(fuzz_targets().size() >= 70);
+  const std::uint64_t seeds = seeds_per_stack();
   std::size_t steps = 0, allocations = 0, refusals = 0;
   for (const auto& target : fuzz_targets()) {
-    for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
       const fuzz_report r = target.run({.seed = seed, .operations = 10000});
       INFO(r.summary());
       CHECK(r.ok());
