@@ -14,7 +14,7 @@ using namespace strata::testing;
 namespace {
 
 /// Seeds per stack: 10, or STRATA_FUZZ_SEEDS (1 to 1000). The sanitizer builds run fewer, since instrumentation
-/// slows each step tenfold and libFuzzer explores the same stacks under them besides.
+/// slows every step and libFuzzer explores the same stacks under them besides.
 std::uint64_t seeds_per_stack()
 {
   const char* text = std::getenv("STRATA_FUZZ_SEEDS");
