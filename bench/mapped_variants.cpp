@@ -64,6 +64,8 @@ std::vector<variant<Backend>> variants()
       {"1% slack above live before reclaiming", opts{.reclaim_slack_fraction = 0.01}},
       {"64 placement candidates", opts{.placement_candidates = 64}},
       {"placement by size alone (1 candidate)", opts{.placement_candidates = 1}},
+      {"growth past the mark maps ahead 1% of what is held", opts{.growth_ahead_fraction = 0.01}},
+      {"growth past the mark maps ahead 3% of what is held", opts{.growth_ahead_fraction = 0.03}},
       {"never reclaims (like expandable segments)", opts{.reclaim_slack = SIZE_MAX}},
       {"defaults behind size classes up to 64 KiB", opts{}, front::classes_64k},
       {"defaults behind size classes up to 1 MiB", opts{}, front::classes_1m},

@@ -10,6 +10,11 @@ const auto size_class = leaf<size_class_t>();
 const auto buddy = leaf<buddy_t>();
 const auto coalescing = leaf<coalescing_t>();
 const auto mapped = leaf<mapped_t>();
+/// mapped_pool mapping a tenth of what it holds ahead whenever it grows past its high-water mark.
+const auto mapped_growing = [](fuzz_world& w) {
+  return mapped_t(simulated_pages(std::size_t{2} << 20, w.upstream.capacity()),
+                  mapped_t::options{.address_space = std::size_t{1} << 36, .growth_ahead_fraction = 0.1});
+};
 
 template <class Make>
 auto so_of(Make m)
@@ -33,6 +38,7 @@ const bool registered = [] {
   add("stream_ordered<stream_ordered<coalescing_pool>>", so_of(so_of(coalescing)));
   add("statistics<stream_ordered<size_class_pool>{check_capture=false}>", box<statistics>(so_unchecked_of(size_class)));
   add("stream_ordered<mapped_pool>{reuse_recent_frees}", so_recent_of(mapped, true));
+  add("stream_ordered<mapped_pool{growth_ahead_fraction=0.1}>", so_of(mapped_growing));
   add("checked<stream_ordered<coalescing_pool>{reuse_recent_frees, check_capture=false}>", box<checked>(so_recent_of(coalescing, false)));
   add("statistics<stream_ordered<size_class_pool>{reuse_recent_frees}>", box<statistics>(so_recent_of(size_class, true)));
   add("checked<stream_ordered<coalescing_pool>>", box<checked>(so_of(coalescing)));

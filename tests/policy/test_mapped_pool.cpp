@@ -204,6 +204,30 @@ TEST_CASE("mapped_pool: a mapping at the edge reaches ahead to min_mapping, neve
   for (auto [x, n] : {std::pair{p, 16 * mib}, std::pair{q, 2 * mib}, std::pair{r, 2 * mib}}) capped.deallocate(x, n);
 }
 
+TEST_CASE("mapped_pool: growth past the high-water mark maps ahead by growth_ahead_fraction of what is held")
+{
+  // min_mapping 0: only the growth share maps ahead, so each difference below is that option's.
+  const pool_t::options base{.max_mapping = 64 * mib, .min_mapping = 0};
+  pool_t::options ahead = base;
+  ahead.growth_ahead_fraction = 0.5;
+  pool_t plain{simulated_pages{}, base}, growing{simulated_pages{}, ahead};
+  std::vector<void*> in_plain, in_growing;
+  for (int i = 0; i < 8; ++i) {  // a ramp: each 8 MiB block lifts the mark
+    in_plain.push_back(plain.allocate(8 * mib));
+    in_growing.push_back(growing.allocate(8 * mib));
+    if (i == 0) CHECK(growing.physical_bytes() == 8 * mib);  // half of nothing held: no page ahead
+  }
+  CHECK(plain.page_calls().creates == 8);
+  CHECK(growing.page_calls().creates < 8);  // mappings taken ahead serve the next blocks
+  CHECK(growing.page_calls().creates >= 3);
+  CHECK(growing.physical_bytes() >= 64 * mib);
+  CHECK(growing.physical_bytes() <= 64 * mib + 32 * mib);  // at most half of what is held, ahead
+  for (void* p : in_growing) CHECK(growing.backend().is_usable(reinterpret_cast<std::uintptr_t>(p), 8 * mib));
+  for (void* p : in_growing) growing.deallocate(p, 8 * mib);
+  for (void* p : in_plain) plain.deallocate(p, 8 * mib);
+  CHECK(growing.release() == growing.peak_physical_bytes());
+}
+
 TEST_CASE("mapped_pool: small blocks share pages; a block spanning pages is wholly usable")
 {
   pool_t pool;
@@ -418,6 +442,7 @@ TEST_CASE("mapped_pool: bad options are std::invalid_argument")
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_mapping = 4096}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_slack_fraction = 2.0}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.min_mapping_fraction = -0.5}), std::invalid_argument);
+  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.growth_ahead_fraction = 1.5}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.placement_candidates = 0}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.persistent_reclaim_window = 100}), std::invalid_argument);  // under 128
   CHECK_THROWS_AS(simulated_pages(3 * mib), std::invalid_argument);  // not a power-of-two page

@@ -73,6 +73,11 @@ public:
     std::size_t max_mapping = std::size_t{128} << 20;   ///< the largest physical allocation (a multiple of the page)
     std::size_t min_mapping = std::size_t{8} << 20;     ///< a mapping at the edge of mapped memory takes free pages after it up to this...
     double min_mapping_fraction = 1.0 / 256;            ///< ... but no more than this share of the memory held
+    /// A mapping that lifts the pool above its high-water mark takes free pages after it up to this share of
+    /// the memory held (at most max_mapping), where that is more than the line above allows: growth to a new
+    /// peak then costs fewer physical allocations, each a create, a map and an access call, for at most that
+    /// share held ahead of the need. 0: growth maps ahead as any mapping does.
+    double growth_ahead_fraction = 0.0;
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
     /// After a reclaim that kept the pool at its high-water mark (not one the cap forced), the mark rises by
     /// this share of itself. Every such reclaim is a device-wide wait on the host, which drains the GPU's
@@ -344,9 +349,10 @@ private:
     if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0) ||
         !(opts.reclaim_headroom_fraction >= 0.0 && opts.reclaim_headroom_fraction <= 1.0) ||
         !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0) ||
+        !(opts.growth_ahead_fraction >= 0.0 && opts.growth_ahead_fraction <= 1.0) ||
         (opts.persistent_reclaim_window != 0 && opts.persistent_reclaim_window < reclaims_per_busy_window))
       throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
-                                  "reclaim_slack_fraction, reclaim_headroom_fraction and min_mapping_fraction within [0, 1], "
+                                  "reclaim_slack_fraction, reclaim_headroom_fraction, min_mapping_fraction and growth_ahead_fraction within [0, 1], "
                                   "persistent_reclaim_window 0 or at least 128");
     return opts;
   }
@@ -456,9 +462,15 @@ private:
     const auto census = table_.census(r, span.first, span.last);
     if (census.unmapped == 0) return;
     // The last run reaches min(min_mapping, min_mapping_fraction of the memory held) over the free pages after
-    // it: growing a page at a time costs a driver round trip per page, and those pages are where the next blocks land.
+    // it, or growth_ahead_fraction of it where the mapping lifts the high-water mark: growing a page at a time
+    // costs a driver round trip per page, and those pages are where the next blocks land.
     const auto share = static_cast<std::size_t>(opts_.min_mapping_fraction * static_cast<double>(maps().physical()));
-    std::size_t ahead = table_.pages_ahead(r, span, std::min({opts_.min_mapping, share, opts_.max_mapping}) / page_size(), max_run());
+    std::size_t reach = std::min({opts_.min_mapping, share, opts_.max_mapping});
+    if (maps().physical() + census.unmapped * page_size() > budget_.high_water()) {
+      const auto growth = static_cast<std::size_t>(opts_.growth_ahead_fraction * static_cast<double>(maps().physical()));
+      reach = std::max(reach, std::min(growth, opts_.max_mapping));
+    }
+    std::size_t ahead = table_.pages_ahead(r, span, reach / page_size(), max_run());
     if (maps().physical() + (census.unmapped + ahead) * page_size() > budget_.cap()) ahead = 0;  // never refuse for pages not asked for
     map_runs(r, span, span.last + ahead, (census.unmapped + ahead) * page_size(), census.idle_bytes, bytes, live_after);
   }
