@@ -17,6 +17,7 @@
 // default and expandable segments (bench/torch_shim), when their shims are given.
 //   peers [--json FILE] [--trace FILE]... [--traces DIR] [--rmm-shim PATH] [--torch-shim PATH] [--only TEXT] [--quick]
 //         [--parts pair,random,replay] [--repeats N] [--no-warmup]
+// --only keeps the rows whose name contains one of its comma-separated pieces.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -146,6 +147,9 @@ struct device_replay : strata::replay::replay_result {
   std::size_t device_peak = 0;         ///< peak rise of the device's used memory over the replay
   std::size_t own_peak_reserved = 0;   ///< the allocator's own statistics, where it keeps them (PyTorch)
   std::size_t own_peak_allocated = 0;
+  /// The device calls the allocator made over the replay, by kind, where it counts them: strata's page-mapped
+  /// stacks their page calls, PyTorch's allocator its num_device_alloc / num_device_free.
+  std::vector<std::pair<std::string, std::uint64_t>> device_calls;
   double device_ratio() const { return peak_live == 0 ? 0 : static_cast<double>(device_peak) / static_cast<double>(peak_live); }
 };
 
@@ -241,6 +245,7 @@ struct allocator {
   std::function<double(const std::vector<op>&, std::size_t)> random;
   std::function<device_replay(const std::vector<trace_event>&, trace_streams&, std::size_t)> replay;
   std::function<std::pair<std::size_t, std::size_t>()> own_peaks;  ///< peak reserved, peak allocated, where it keeps them
+  std::function<std::vector<std::pair<std::string, std::uint64_t>>()> device_calls;  ///< where it counts them
 };
 
 template <class S>
@@ -448,6 +453,7 @@ struct torch_shim {
   void (*stats)(void*, std::size_t*, std::size_t*, std::size_t*) = nullptr;
   void (*destroy)(void*) = nullptr;
   const char* (*version)() = nullptr;
+  void (*device_calls)(void*, std::size_t*, std::size_t*) = nullptr;  ///< optional: shims built before it lack it
 
   static std::unique_ptr<torch_shim> load(const std::string& path)
   {
@@ -461,6 +467,7 @@ struct torch_shim {
     s->stats = lib->function<void(void*, std::size_t*, std::size_t*, std::size_t*)>("strata_torch_stats");
     s->destroy = lib->function<void(void*)>("strata_torch_destroy");
     s->version = lib->function<const char*()>("strata_torch_version");
+    s->device_calls = lib->function<void(void*, std::size_t*, std::size_t*)>("strata_torch_device_calls");
     if (!s->create || !s->allocate || !s->deallocate || !s->last_error || !s->stats || !s->destroy || !s->version) {
       std::printf("PyTorch rows skipped: %s lacks the shim's functions (rebuild it: bench/get_torch_shim.sh)\n", path.c_str());
       return nullptr;
@@ -497,6 +504,20 @@ struct torch_peer {
     const auto s = stats();
     return {s[1], s[2]};
   }
+  /// cudaMalloc and cudaFree calls (with expandable segments: pages mapped and unmapped) since this peer was made.
+  std::vector<std::pair<std::string, std::uint64_t>> device_calls() const
+  {
+    if (shim->device_calls == nullptr) return {};
+    std::size_t allocs = 0, frees = 0;
+    shim->device_calls(h, &allocs, &frees);
+    return {{"device_allocs", allocs - calls_before[0]}, {"device_frees", frees - calls_before[1]}};
+  }
+  /// The counts when this peer was made (PyTorch may keep them across its resets of the statistics).
+  std::array<std::size_t, 2> calls_before = [this] {
+    std::array<std::size_t, 2> c{};
+    if (h != nullptr && shim->device_calls != nullptr) shim->device_calls(h, &c[0], &c[1]);
+    return c;
+  }();
   std::array<std::size_t, 3> stats() const
   {
     std::array<std::size_t, 3> s{};
@@ -518,6 +539,7 @@ factory peer(stream_use use, std::function<std::size_t(Peer&)> reserved, Args...
             Peer* p = keep->get();
             allocator a = measured(p, use, [p, reserved] { return reserved(*p); });
             if constexpr (requires { p->own_peaks(); }) a.own_peaks = [p] { return p->own_peaks(); };
+            if constexpr (requires { p->device_calls(); }) a.device_calls = [p] { return p->device_calls(); };
             return a;
           },
           [keep] { keep->reset(); }, true};
@@ -544,6 +566,13 @@ factory strata_stack(std::function<std::unique_ptr<Stack>(counted_device&)> make
           }};
 }
 
+std::vector<std::pair<std::string, std::uint64_t>> page_call_list(const strata::page_counters& c)
+{
+  return {{"creates", c.creates},         {"releases", c.releases}, {"maps", c.maps},
+          {"unmaps", c.unmaps},           {"access_calls", c.access_calls}, {"device_waits", c.synchronizes},
+          {"reserves", c.reserves}};
+}
+
 /// A strata stack that owns its memory source (e.g. one over page-mapped memory): `reserved` reads the bytes
 /// it holds from the device.
 template <class Stack>
@@ -554,9 +583,65 @@ factory owned_stack(std::function<std::unique_ptr<Stack>()> make, std::function<
             keep->reset();
             *keep = make();
             Stack* s = keep->get();
-            return measured(s, takes_stream<Stack> ? stream_use::created : stream_use::none, [s, reserved] { return reserved(*s); });
+            allocator a = measured(s, takes_stream<Stack> ? stream_use::created : stream_use::none, [s, reserved] { return reserved(*s); });
+            if constexpr (requires { s->policy().page_calls(); }) a.device_calls = [s] { return page_call_list(s->policy().page_calls()); };
+            else if constexpr (requires { s->page_calls(); }) a.device_calls = [s] { return page_call_list(s->page_calls()); };
+            if constexpr (requires { s->policy().backend().microseconds(); }) {
+              a.device_calls = [s] {
+                auto calls = page_call_list(s->policy().page_calls());
+                for (const auto& timed : s->policy().backend().microseconds()) calls.push_back(timed);
+                return calls;
+              };
+            }
+            return a;
           },
           [keep] { keep->reset(); }};
+}
+
+/// driver_pages with every driver call timed: the driver time the recommended stack spends on a trace,
+/// measured where driver_time.py otherwise prices the counts. One stack at a time uses it (the totals are
+/// shared and cleared when the stack is made).
+struct timed_pages : strata::driver_pages {
+  using strata::driver_pages::driver_pages;
+  enum kind { creates, releases, maps, unmaps, access_calls, device_waits, kinds };
+  static inline std::array<double, kinds> seconds{};
+
+  template <class F>
+  static auto timed(kind k, F&& f)
+  {
+    struct stopwatch {
+      kind k;
+      clock_type::time_point start = clock_type::now();
+      ~stopwatch() { seconds[k] += std::chrono::duration<double>(clock_type::now() - start).count(); }
+    } watch{k};
+    return f();
+  }
+  page create(std::size_t bytes) { return timed(creates, [&] { return driver_pages::create(bytes); }); }
+  void destroy(page p) noexcept { timed(releases, [&] { driver_pages::destroy(p); }); }
+  void map(std::uintptr_t address, page p, std::size_t bytes) { timed(maps, [&] { driver_pages::map(address, p, bytes); }); }
+  void set_access(std::uintptr_t address, std::size_t bytes) { timed(access_calls, [&] { driver_pages::set_access(address, bytes); }); }
+  void unmap(std::uintptr_t address, std::size_t bytes) { timed(unmaps, [&] { driver_pages::unmap(address, bytes); }); }
+  void synchronize() { timed(device_waits, [&] { driver_pages::synchronize(); }); }
+  /// The time in each kind of call so far, as device_calls entries ("us_creates", ...).
+  static std::vector<std::pair<std::string, std::uint64_t>> microseconds()
+  {
+    const char* names[kinds] = {"us_creates", "us_releases", "us_maps", "us_unmaps", "us_access_calls", "us_device_waits"};
+    std::vector<std::pair<std::string, std::uint64_t>> out;
+    for (int k = 0; k < kinds; ++k) out.emplace_back(names[k], static_cast<std::uint64_t>(seconds[k] * 1e6));
+    return out;
+  }
+};
+
+/// The recommended stack over timed_pages: its device calls carry the measured microseconds per kind.
+factory timed_default_pool()
+{
+  using stack = strata::stream_ordered<strata::mapped_pool<timed_pages>>;
+  return owned_stack<stack>(
+      [] {
+        timed_pages::seconds.fill(0);
+        return std::make_unique<stack>(strata::mapped_pool<timed_pages>{timed_pages{}, strata::mapped_pool<timed_pages>::options{}});
+      },
+      [](const stack& p) { return p.policy().physical_bytes(); });
 }
 
 /// The recommended stack with some of its options changed.
@@ -593,6 +678,9 @@ std::vector<stack_row> all_stacks(rmm_shim* rmm, torch_shim* torch)
     {"strata default_pool", default_pool_with([](strata::default_pool_options&) {})},
     {"strata default_pool (relocate idle: the plug-in's default)", default_pool_with([](strata::default_pool_options& o) { o.pool.relocate_idle = true; })},
     {"strata default_pool (mappings up to 8 MiB)", default_pool_with([](strata::default_pool_options& o) { o.pool.max_mapping = std::size_t{8} << 20; })},
+    {"strata default_pool (driver calls timed)", timed_default_pool()},
+    {"strata default_pool (growth maps ahead 3%)", default_pool_with([](strata::default_pool_options& o) { o.pool.growth_ahead_fraction = 0.03; })},
+    {"strata default_pool (placement by size alone)", default_pool_with([](strata::default_pool_options& o) { o.pool.placement_candidates = 1; })},
     {"strata mapped_pool", owned_stack<strata::mapped_pool<strata::driver_pages>>(
                              [] { return std::make_unique<strata::mapped_pool<strata::driver_pages>>(); },
                              [](const strata::mapped_pool<strata::driver_pages>& p) { return p.physical_bytes(); })},
@@ -657,6 +745,17 @@ std::vector<std::string> trace_paths(int argc, char** argv)
   return paths;
 }
 
+/// Whether `name` contains one of the comma-separated pieces of `pieces` (--only's list).
+bool names_any(const std::string& name, const std::string& pieces)
+{
+  for (std::size_t start = 0; start <= pieces.size();) {
+    const std::size_t end = std::min(pieces.find(',', start), pieces.size());
+    if (end > start && name.find(pieces.substr(start, end - start)) != std::string::npos) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 std::string json_number(double v) { return std::isfinite(v) ? std::to_string(v) : "null"; }
 
 } // namespace
@@ -684,7 +783,7 @@ int main(int argc, char** argv)
   std::unique_ptr<rmm_shim> rmm = rmm_shim::load(strata::bench::option(argc, argv, "--rmm-shim", rmm_default));
   std::unique_ptr<torch_shim> torch = torch_shim::load(strata::bench::option(argc, argv, "--torch-shim", torch_default));
   std::vector<stack_row> rows = all_stacks(rmm.get(), torch.get());
-  if (!only.empty()) std::erase_if(rows, [&](const stack_row& r) { return r.name.find(only) == std::string::npos; });
+  if (!only.empty()) std::erase_if(rows, [&](const stack_row& r) { return !names_any(r.name, only); });
 
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
@@ -780,6 +879,7 @@ int main(int argc, char** argv)
         allocator a = row.make.make();
         r = a.replay(events, streams, baseline);
         if (a.own_peaks) std::tie(r.own_peak_reserved, r.own_peak_allocated) = a.own_peaks();
+        if (a.device_calls) r.device_calls = a.device_calls();
       } catch (const std::exception& e) {
         r.failed = true;
         r.failure = e.what();
@@ -833,7 +933,10 @@ int main(int argc, char** argv)
            << ",\"peak_live\":" << r.peak_live << ",\"peak_reserved\":" << r.peak_reserved << ",\"ratio\":" << json_number(r.ratio())
            << ",\"device_peak\":" << r.device_peak << ",\"device_ratio\":" << json_number(r.device_ratio())
            << ",\"own_peak_reserved\":" << r.own_peak_reserved << ",\"own_peak_allocated\":" << r.own_peak_allocated
-           << ",\"ns_per_op_rounds\":[";
+           << ",\"device_calls\":{";
+      for (std::size_t k = 0; k < r.device_calls.size(); ++k)
+        json << (k ? "," : "") << "\"" << r.device_calls[k].first << "\":" << r.device_calls[k].second;
+      json << "},\"ns_per_op_rounds\":[";
       for (std::size_t k = 0; k < times[i].size(); ++k) json << (k ? "," : "") << json_number(times[i][k]);
       json << "]"
            << ",\"failed\":" << (r.failed ? "true" : "false") << "}";

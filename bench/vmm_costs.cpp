@@ -2,7 +2,8 @@
 // rests on: cuMemCreate and cuMemRelease for 2 to 128 MiB, cuMemMap of one page, cuMemSetAccess over runs of
 // 1..512 pages, cuMemUnmap of one page and of a run of separately mapped pages in one call (whether the driver
 // accepts that), a device synchronize with nothing running, and the sequences mapped_pool makes whole (a new
-// mapping, an allocation a reclaim moves, allocations mapped back to back sharing one access call).
+// mapping, an allocation a reclaim moves, allocations mapped back to back sharing one access call), and
+// cudaMalloc and cudaFree of 2 MiB to 1 GiB, what PyTorch's caching allocator pays instead.
 //   vmm_costs [--json FILE]
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -232,6 +233,22 @@ int main(int argc, char** argv)
     sync_t.push_back(micros_since(s));
   }
   rows.push_back({"cudaDeviceSynchronize, idle device", median(sync_t)});
+  // What PyTorch's caching allocator pays per segment it takes from the device and gives back, the price
+  // bench/driver_time.py sets against the page calls above.
+  for (std::size_t mib : {2, 20, 128, 1024}) {
+    std::vector<double> malloc_t, free_t;
+    for (int i = 0; i < 30; ++i) {
+      void* p = nullptr;
+      auto s = clock_type::now();
+      if (cudaMalloc(&p, mib << 20) != cudaSuccess) break;
+      malloc_t.push_back(micros_since(s));
+      s = clock_type::now();
+      cudaFree(p);
+      free_t.push_back(micros_since(s));
+    }
+    rows.push_back({"cudaMalloc " + std::to_string(mib) + " MiB", median(malloc_t)});
+    rows.push_back({"cudaFree " + std::to_string(mib) + " MiB, idle device", median(free_t)});
+  }
   check(cuMemAddressFree(base, pages * page * 2), "free");
 
   cudaDeviceProp dp{};

@@ -81,6 +81,15 @@ void strata_torch_stats(void* h, std::size_t* reserved_now, std::size_t* reserve
   *allocated_peak = static_cast<std::size_t>(stats.allocated_bytes[aggregate].peak);
 }
 
+/// The device calls the allocator made since it was set up (its num_device_alloc and num_device_free: cudaMalloc
+/// and cudaFree, with expandable segments the pages it mapped and unmapped).
+void strata_torch_device_calls(void* h, std::size_t* allocs, std::size_t* frees)
+{
+  const auto stats = alloc::getDeviceStats(static_cast<handle*>(h)->device);
+  *allocs = static_cast<std::size_t>(stats.num_device_alloc);
+  *frees = static_cast<std::size_t>(stats.num_device_free);
+}
+
 /// Returns every cached segment to the device (the caller has freed everything it allocated).
 void strata_torch_destroy(void* h)
 {
