@@ -18,6 +18,9 @@
 #                 (torch/graph_pool_memory.py)
 #   plugin        tests/device/plugin.sh
 #   ctest         the whole test suite with STRATA_REQUIRE_GPU=1, then the GPU suite alone
+#   trace_speed   bench/trace_speed.sh: default_pool against PyTorch's allocator on every trace (ROWS, REPEATS)
+#   speed         tests/device/torch/speed_verdict.sh with $SPEED_MODELS (default bert_varlen mixtral_moe
+#                 gpt2_generate), ROUNDS (3) and STEPS (24)
 #   fits          bench/fits.py with the arguments in $FITS_ARGS (the cap study; --out is given), last
 # Meanwhile the CPU builds what plugin and ctest need (the main build with PyTorch's CMake package, so the
 # PyTorch hooks library and the Python package's tests are in it), at the lowest priority, so that the
@@ -102,6 +105,15 @@ gpu_steps() {
     note "gpu: ctest rc=$? ($(grep 'tests passed' "$R/ctest.log"))"
     STRATA_REQUIRE_GPU=1 build/tests/strata_gpu_tests >"$R/gpu_tests.log" 2>&1
     note "gpu: strata_gpu_tests rc=$? ($(grep -E '^\[doctest\] test cases' "$R/gpu_tests.log"))"
+  fi
+  if has trace_speed; then
+    OUT="$R/trace_speed" bash bench/trace_speed.sh >"$R/trace_speed.out" 2>&1
+    note "gpu: trace_speed rc=$? ($(grep -m1 'against torch' "$R/trace_speed/verdict.md" 2>/dev/null))"
+  fi
+  if has speed; then
+    OUT="$R/speed" MODELS="${SPEED_MODELS:-bert_varlen mixtral_moe gpt2_generate}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-24}" \
+      BUDGET_S="${SPEED_BUDGET_S:-600}" bash tests/device/torch/speed_verdict.sh >"$R/speed.out" 2>&1
+    note "gpu: speed_verdict rc=$? ($(grep -c . "$R/speed/runs.jsonl" 2>/dev/null) processes)"
   fi
   if has fits; then
     mkdir -p "$R/fits"

@@ -1,5 +1,6 @@
-"""ResNet-18 and GPT-2 small in plain torch.nn (no torchvision/transformers: the device has no network to fetch
-them, and random weights need neither). Seeded by the caller."""
+"""ResNet-18 and GPT-2 small in plain torch.nn, and from transformers (built from configs with random weights:
+the device has no network) BERT-base with shapes per step, a Mixtral-style mixture of experts and GPT-2
+generation. Seeded by the caller."""
 
 import math
 
@@ -111,4 +112,79 @@ def build(name):
             return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), target.view(-1))
 
         return model, make_batch, loss_fn
+    if name in ("bert_varlen", "mixtral_moe"):
+        return _transformers_trainee(name)
+    if name == "gpt2_generate":
+        return _generation_loop()
     raise ValueError(f"unknown model {name!r}")
+
+
+class LogitsOf(nn.Module):
+    """A transformers model as train.py calls a model: tokens in, logits out."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(input_ids=x).logits
+
+
+def _token_loss(logits, target):
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def _transformers_trainee(name):
+    """BERT-base masked LM with batch and length drawn per step (the shapes of bench/traces' BERT trace), or a
+    Mixtral-style mixture of experts (6 layers, 8 experts, top-2) with about 8k tokens a step, length drawn."""
+    import transformers
+
+    if name == "bert_varlen":
+        config = transformers.BertConfig()   # bert-base: 12 layers, 768 wide, 30522 tokens
+        model = transformers.BertForMaskedLM(config)
+    else:
+        config = transformers.MixtralConfig(hidden_size=1024, intermediate_size=1792, num_hidden_layers=6,
+                                            num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+                                            num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=4096)
+        model = transformers.MixtralForCausalLM(config)
+    vocab = config.vocab_size
+
+    def make_batch(gen, step):
+        def draw(lo, hi):
+            return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        if name == "bert_varlen":
+            batch, length = draw(8, 32), draw(32, 512)
+        else:
+            length = draw(256, 2048)
+            batch = max(1, 8192 // length)
+        tokens = torch.randint(0, vocab, (batch, length + 1), generator=gen)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return LogitsOf(model), make_batch, _token_loss
+
+
+class GenerationLoop(nn.Module):
+    """GPT-2 small greedy generation: train.py runs `step(prompt, new_tokens)` as the step, without gradients."""
+
+    generates = True
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+
+    def step(self, prompt, new_tokens):
+        out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return out.float().mean()
+
+
+def _generation_loop():
+    """Prompts of batch 1-16 and 16-300 tokens, 16-48 new tokens each: the key/value cache grows every token."""
+    def make_batch(gen, step):
+        def draw(lo, hi):
+            return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        batch, prompt, new = draw(1, 16), draw(16, 300), draw(16, 48)
+        return torch.randint(0, 50257, (batch, prompt), generator=gen), torch.tensor([new])
+
+    return GenerationLoop(), make_batch, None

@@ -5,6 +5,9 @@
 # over the run hits both alike). speed_verdict.py then reports, per model, the median over rounds of the
 # same-round ratio strata/native, its range, and each allocator's median steps/s.
 #   ROUNDS=6 MODELS="gpt2_varlen gpt2 resnet18" OUT=/tmp/strata-speed bash tests/device/torch/speed_verdict.sh
+# MODELS (tests/device/torch/models.py): resnet18, gpt2, gpt2_varlen, bert_varlen (BERT-base, batch and length per
+# step), mixtral_moe (a Mixtral-style mixture of experts), gpt2_generate (GPT-2 greedy generation, a generate()
+# call per step; eager only).
 # COMPILE=1: every model through torch.compile (reported as MODEL+compile). CONF: the plug-in's configuration
 # (default: empty, the plug-in's defaults). STEPS: batches per pass (48). PASSES: passes over those batches, the
 # last one timed (2: every shape timed was seen before; 1: the first 8 steps warm up). WINDOW: steps between the

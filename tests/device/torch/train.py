@@ -63,6 +63,9 @@ def main():
     model = model.to(device)
     if args.compile:
         model = torch.compile(model)
+    generates = getattr(model, "generates", False)
+    if generates and (args.compile or args.mode != "perf"):
+        sys.exit(f"{args.model} is a generation loop: --mode perf only, without --compile")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(99)
     side = torch.cuda.Stream()
@@ -102,11 +105,15 @@ def main():
         x, y = batch
         if step + 1 < total:
             batch = fetch((step + 1) % args.steps)   # the next batch's copy overlaps this step
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if generates:   # a generation loop: the step is one generate() call, no gradients
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model.step(x, int(y[0]))
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = loss_fn(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
         losses.append(loss.detach().float())
         del x, y, loss
         if args.mode == "correctness" and step == args.steps // 2:
