@@ -5,7 +5,8 @@
 #   OUT=DIR MODEL=bert_varlen ROUNDS=2 bash tests/device/torch/alloc_rounds.sh     (from the repository root)
 # Each process: tests/device/torch/train.py --mode perf --steps 24 --passes 2 --window 8. Round 0 runs the four
 # in the order above, round 1 in reverse, and so on. Writes OUT/rounds.jsonl: a line per process with its
-# steps/s per window, their median, the peak reserved bytes and (strata) its calls per timed step.
+# steps/s per window, their median, the peak reserved bytes and (strata) its calls per timed step and the sizes
+# of its physical allocations at the end (train.py's strata_layout).
 set -u
 OUT=${OUT:-/tmp/strata-alloc-rounds}
 MODEL=${MODEL:-bert_varlen}
@@ -21,7 +22,7 @@ run() {  # ALLOCATOR ROUND
   esac
   env "${env[@]}" python3 tests/device/torch/train.py --model "$MODEL" --alloc "$alloc" --mode perf --steps 24 --passes 2 \
     --window 8 "${extra[@]}" 2>>"$OUT/err.txt" | tail -1 |
-    python3 -c "import json,sys; d=json.load(sys.stdin); print(json.dumps({'who':'$1','round':$2,'sps':d['steps_per_s'],'med':d['steps_per_s_median'],'peak':d['peak_reserved'],'calls':d.get('strata_calls_per_step')}))" \
+    python3 -c "import json,sys; d=json.load(sys.stdin); print(json.dumps({'who':'$1','round':$2,'sps':d['steps_per_s'],'med':d['steps_per_s_median'],'peak':d['peak_reserved'],'calls':d.get('strata_calls_per_step'),'layout':d.get('strata_layout')}))" \
       >>"$OUT/rounds.jsonl"
 }
 for ((r = 0; r < ROUNDS; r++)); do

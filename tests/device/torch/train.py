@@ -141,8 +141,20 @@ def main():
     if args.alloc == "strata":
         result["strata_stats"] = {k: v for k, v in strata_torch.memory_stats().items()
                                   if not isinstance(v, (dict, list))}
+        result["strata_layout"] = mapped_layout(strata_torch.snapshot())
         print(strata_torch.memory_summary(), file=sys.stderr)
     print(json.dumps(result))
+
+
+def mapped_layout(snapshot):
+    """The physical allocations behind a page-mapped stack at the end of the run, by size (a kernel's speed may
+    depend on how its tensors' memory is laid out, not only on the allocator's calls)."""
+    sizes = sorted(m["size"] for seg in snapshot.get("segments", []) for m in seg.get("mapped", []))
+    mib = 1 << 20
+    return {"mappings": len(sizes), "mapped_bytes": sum(sizes),
+            "median_mib": sizes[len(sizes) // 2] / mib if sizes else 0,
+            "at_least_64_mib": sum(1 for n in sizes if n >= 64 * mib),
+            "at_most_8_mib": sum(1 for n in sizes if n <= 8 * mib)}
 
 
 def strata_calls():
