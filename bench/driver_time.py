@@ -85,8 +85,10 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--stack", default="strata default_pool")
     args = ap.parse_args()
-    peers = json.load(open(args.peers))
-    price = prices(json.load(open(args.vmm_costs)))
+    with open(args.peers) as f:
+        peers = json.load(f)
+    with open(args.vmm_costs) as f:
+        price = prices(json.load(f))
     lines = [f"Device: {peers.get('device', '?')}; {peers.get('torch', '')}. ns per operation, the median of the rounds "
              "(their range); driver ns per operation priced with the same machine's vmm_costs.", "",
              "| trace | stack | ns/op (rounds) | held / live | driver ns/op: priced (timed) | device calls |", "|---|---|---|---|---|---|"]

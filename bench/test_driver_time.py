@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""bench/driver_time.py's pricing and verdict on made-up replays, where every figure is known: the run is on the
+device, so this is what CI can check of it."""
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import driver_time  # noqa: E402
+
+TORCH = driver_time.TORCH
+EXPANDABLE = driver_time.EXPANDABLE
+MINE = "strata default_pool"
+
+VMM = {"device": "pretend", "rows": [
+    {"what": "cuMemCreate 2 MiB", "us": 10.0}, {"what": "cuMemCreate 8 MiB", "us": 20.0},
+    {"what": "cuMemCreate 2 MiB (512 in a row)", "us": 900.0},   # left out of the creates' price
+    {"what": "cuMemRelease 2 MiB", "us": 5.0}, {"what": "cuMemMap whole 2 MiB handle", "us": 1.0},
+    {"what": "cuMemSetAccess whole 2 MiB handle", "us": 40.0}, {"what": "cuMemUnmap whole 2 MiB handle", "us": 20.0},
+    {"what": "cudaDeviceSynchronize, idle device", "us": 0.5}, {"what": "cudaMalloc 2 MiB", "us": 50.0},
+    {"what": "cudaFree 2 MiB, idle device", "us": 70.0}]}
+
+
+def result(stack, ns, ratio, calls, operations=1000):
+    return {"stack": stack, "operations": operations, "ns_per_op": ns, "ratio": ratio, "device_calls": calls,
+            "ns_per_op_rounds": [ns - 10, ns, ns + 10], "failed": False}
+
+
+def run(results):
+    """driver_time.main over one trace with these results: (exit status, the markdown it wrote)."""
+    with tempfile.TemporaryDirectory() as d:
+        peers, vmm, md = (os.path.join(d, n) for n in ("peers.json", "vmm.json", "verdict.md"))
+        with open(peers, "w") as f:
+            json.dump({"device": "pretend", "torch": "PyTorch", "replay": [{"trace": "x/t.csv.gz", "results": results}]}, f)
+        with open(vmm, "w") as f:
+            json.dump(VMM, f)
+        argv, sys.argv = sys.argv, ["driver_time.py", peers, vmm, "--markdown", md]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                status = driver_time.main()
+        finally:
+            sys.argv = argv
+        with open(md) as f:
+            return status, f.read()
+
+
+class DriverTime(unittest.TestCase):
+    def test_prices_are_the_medians_of_their_rows(self):
+        p = driver_time.prices(VMM)
+        self.assertEqual(p["creates"], 15.0)          # median of 10 and 20; the run of 512 left out
+        self.assertEqual(p["access_calls"], 40.0)
+        self.assertEqual(p["expandable_alloc"], 15.0 + 1.0 + 40.0)
+        self.assertEqual(p["expandable_free"], 20.0 + 5.0)
+
+    def test_page_calls_and_device_allocations_are_priced_per_operation(self):
+        p = driver_time.prices(VMM)
+        mine = result(MINE, 500, 1.02, {"creates": 10, "maps": 10, "access_calls": 10, "reserves": 2})
+        self.assertAlmostEqual(driver_time.driver_ns_per_op(mine, p), (10 * 15 + 10 * 1 + 10 * 40) * 1000 / 1000)
+        torch = result(TORCH, 600, 1.2, {"device_allocs": 4, "device_frees": 1})
+        self.assertAlmostEqual(driver_time.driver_ns_per_op(torch, p), (4 * 50 + 70) * 1000 / 1000)
+        expandable = result(EXPANDABLE, 900, 1.05, {"device_allocs": 2, "device_frees": 0})
+        self.assertAlmostEqual(driver_time.driver_ns_per_op(expandable, p), 2 * 56.0)
+        self.assertIsNone(driver_time.driver_ns_per_op(result(MINE, 1, 1, {}), p))
+
+    def test_timed_calls_are_reported_beside_the_price(self):
+        timed = result(MINE, 500, 1.02, {"creates": 1, "us_creates": 300, "us_access_calls": 200})
+        self.assertAlmostEqual(driver_time.measured_ns_per_op(timed), 500.0)
+        self.assertIsNone(driver_time.measured_ns_per_op(result(MINE, 1, 1, {"creates": 1})))
+
+    def test_every_target_met(self):
+        status, text = run([result(MINE, 500, 1.02, {"creates": 2, "access_calls": 2}),
+                            result(TORCH, 600, 1.2, {"device_allocs": 4, "device_frees": 0}),
+                            result(EXPANDABLE, 900, 1.04, {"device_allocs": 4, "device_frees": 0})])
+        self.assertEqual(status, 0)
+        self.assertIn("every target met", text)
+
+    def test_each_miss_is_named(self):
+        status, text = run([result(MINE, 700, 1.06, {"creates": 20, "access_calls": 20}),
+                            result(TORCH, 600, 1.2, {"device_allocs": 4, "device_frees": 0}),
+                            result(EXPANDABLE, 900, 1.04, {"device_allocs": 4, "device_frees": 0})])
+        self.assertEqual(status, 1)
+        self.assertIn("3 missed", text)
+        self.assertIn("t: 700 ns/op against PyTorch's 600", text)
+        self.assertIn("t: held / live 1.060 (expandable segments 1.040)", text)
+        self.assertIn("t: driver 1,100 ns/op against PyTorch's 200", text)
+
+    def test_held_equal_to_expandable_segments_is_a_miss(self):
+        status, text = run([result(MINE, 500, 1.03, {}), result(TORCH, 600, 1.2, {}),
+                            result(EXPANDABLE, 900, 1.03, {})])
+        self.assertEqual(status, 1)
+        self.assertIn("held / live 1.030", text)
+
+    def test_a_stack_that_did_not_replay_is_a_miss(self):
+        failed = dict(result(MINE, 0, 0, {}), failed=True)
+        status, text = run([failed, result(TORCH, 600, 1.2, {})])
+        self.assertEqual(status, 1)
+        self.assertIn("FAILED", text)
+        self.assertIn(f"t: {MINE} did not replay", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
