@@ -504,7 +504,7 @@ struct torch_peer {
     const auto s = stats();
     return {s[1], s[2]};
   }
-  /// cudaMalloc and cudaFree calls (with expandable segments: pages mapped and unmapped) since this peer was made.
+  /// cudaMalloc and cudaFree calls (with expandable segments: ranges mapped and unmapped) since this peer was made.
   std::vector<std::pair<std::string, std::uint64_t>> device_calls() const
   {
     if (shim->device_calls == nullptr) return {};
@@ -512,7 +512,8 @@ struct torch_peer {
     shim->device_calls(h, &allocs, &frees);
     return {{"device_allocs", allocs - calls_before[0]}, {"device_frees", frees - calls_before[1]}};
   }
-  /// The counts when this peer was made (PyTorch may keep them across its resets of the statistics).
+  /// The counts when this peer was made: zero where the shim's reset of the statistics clears them, as PyTorch
+  /// 2.11's does; subtracted so that the figures are this peer's whatever the PyTorch.
   std::array<std::size_t, 2> calls_before = [this] {
     std::array<std::size_t, 2> c{};
     if (h != nullptr && shim->device_calls != nullptr) shim->device_calls(h, &c[0], &c[1]);
@@ -632,14 +633,19 @@ struct timed_pages : strata::driver_pages {
   }
 };
 
-/// The recommended stack over timed_pages: its device calls carry the measured microseconds per kind.
+/// The recommended stack over timed_pages, as make_default_pool builds it (capped at the device's memory): its
+/// device calls carry the measured microseconds per kind.
 factory timed_default_pool()
 {
   using stack = strata::stream_ordered<strata::mapped_pool<timed_pages>>;
   return owned_stack<stack>(
       [] {
         timed_pages::seconds.fill(0);
-        return std::make_unique<stack>(strata::mapped_pool<timed_pages>{timed_pages{}, strata::mapped_pool<timed_pages>::options{}});
+        std::size_t free_bytes = 0, total_bytes = 0;
+        require(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+        strata::mapped_pool<timed_pages>::options o{};
+        o.max_physical = total_bytes;
+        return std::make_unique<stack>(strata::mapped_pool<timed_pages>{timed_pages{}, o});
       },
       [](const stack& p) { return p.policy().physical_bytes(); });
 }

@@ -83,22 +83,28 @@ class DriverTime(unittest.TestCase):
         status, text = run([result(MINE, 700, 1.06, {"creates": 20, "access_calls": 20}),
                             result(TORCH, 600, 1.2, {"device_allocs": 4, "device_frees": 0}),
                             result(EXPANDABLE, 900, 1.04, {"device_allocs": 4, "device_frees": 0})])
-        self.assertEqual(status, 1)
+        self.assertEqual(status, 3)
         self.assertIn("3 missed", text)
         self.assertIn("t: 700 ns/op against PyTorch's 600", text)
         self.assertIn("t: held / live 1.060 (expandable segments 1.040)", text)
         self.assertIn("t: driver 1,100 ns/op against PyTorch's 200", text)
 
     def test_held_equal_to_expandable_segments_is_a_miss(self):
-        status, text = run([result(MINE, 500, 1.03, {}), result(TORCH, 600, 1.2, {}),
+        status, text = run([result(MINE, 500, 1.03, {}), result(TORCH, 600, 1.2, {"device_allocs": 1, "device_frees": 0}),
                             result(EXPANDABLE, 900, 1.03, {})])
-        self.assertEqual(status, 1)
+        self.assertEqual(status, 3)
         self.assertIn("held / live 1.030", text)
+
+    def test_pytorch_without_device_calls_is_a_miss(self):
+        status, text = run([result(MINE, 500, 1.02, {"creates": 1}), result(TORCH, 600, 1.2, {}),
+                            result(EXPANDABLE, 900, 1.04, {})])
+        self.assertEqual(status, 3)
+        self.assertIn("t: PyTorch's device calls were not counted", text)
 
     def test_a_stack_that_did_not_replay_is_a_miss(self):
         failed = dict(result(MINE, 0, 0, {}), failed=True)
         status, text = run([failed, result(TORCH, 600, 1.2, {})])
-        self.assertEqual(status, 1)
+        self.assertEqual(status, 3)
         self.assertIn("FAILED", text)
         self.assertIn(f"t: {MINE} did not replay", text)
 

@@ -82,7 +82,7 @@ void strata_torch_stats(void* h, std::size_t* reserved_now, std::size_t* reserve
 }
 
 /// The device calls the allocator made since it was set up (its num_device_alloc and num_device_free: cudaMalloc
-/// and cudaFree, with expandable segments the pages it mapped and unmapped).
+/// and cudaFree, with expandable segments the ranges it mapped and unmapped).
 void strata_torch_device_calls(void* h, std::size_t* allocs, std::size_t* frees)
 {
   const auto stats = alloc::getDeviceStats(static_cast<handle*>(h)->device);

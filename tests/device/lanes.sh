@@ -20,7 +20,7 @@
 #   ctest         the whole test suite with STRATA_REQUIRE_GPU=1, then the GPU suite alone
 #   trace_speed   bench/trace_speed.sh: default_pool against PyTorch's allocator on every trace (ROWS, REPEATS)
 #   speed         tests/device/torch/speed_verdict.sh with $SPEED_MODELS (default bert_varlen mixtral_moe
-#                 gpt2_generate), ROUNDS (3) and STEPS (24)
+#                 gpt2_generate), $SPEED_ROUNDS (3) and $SPEED_STEPS (24)
 #   fits          bench/fits.py with the arguments in $FITS_ARGS (the cap study; --out is given), last
 # Meanwhile the CPU builds what plugin and ctest need (the main build with PyTorch's CMake package, so the
 # PyTorch hooks library and the Python package's tests are in it), at the lowest priority, so that the
@@ -111,7 +111,7 @@ gpu_steps() {
     note "gpu: trace_speed rc=$? ($(grep -m1 'against torch' "$R/trace_speed/verdict.md" 2>/dev/null))"
   fi
   if has speed; then
-    OUT="$R/speed" MODELS="${SPEED_MODELS:-bert_varlen mixtral_moe gpt2_generate}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-24}" \
+    OUT="$R/speed" MODELS="${SPEED_MODELS:-bert_varlen mixtral_moe gpt2_generate}" ROUNDS="${SPEED_ROUNDS:-3}" STEPS="${SPEED_STEPS:-24}" \
       BUDGET_S="${SPEED_BUDGET_S:-600}" bash tests/device/torch/speed_verdict.sh >"$R/speed.out" 2>&1
     note "gpu: speed_verdict rc=$? ($(grep -c . "$R/speed/runs.jsonl" 2>/dev/null) processes)"
   fi

@@ -442,7 +442,8 @@ TEST_CASE("mapped_pool: bad options are std::invalid_argument")
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.max_mapping = 4096}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.reclaim_slack_fraction = 2.0}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.min_mapping_fraction = -0.5}), std::invalid_argument);
-  CHECK_THROWS_AS(pool_t(simulated_pages{}, {.growth_ahead_fraction = 1.5}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(pool_t(simulated_pages{}, {.growth_ahead_fraction = 1.5}),
+                       doctest::Contains("growth_ahead_fraction 1.5"), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.placement_candidates = 0}), std::invalid_argument);
   CHECK_THROWS_AS(pool_t(simulated_pages{}, {.persistent_reclaim_window = 100}), std::invalid_argument);  // under 128
   CHECK_THROWS_AS(simulated_pages(3 * mib), std::invalid_argument);  // not a power-of-two page

@@ -135,7 +135,7 @@ def _token_loss(logits, target):
 
 
 def _transformers_trainee(name):
-    """BERT-base masked LM with batch and length drawn per step (the shapes of bench/traces' BERT trace), or a
+    """BERT-base masked LM with batch (8-32) and length (32-512) drawn per step, or a
     Mixtral-style mixture of experts (6 layers, 8 experts, top-2) with about 8k tokens a step, length drawn."""
     import transformers
 
@@ -171,7 +171,7 @@ class GenerationLoop(nn.Module):
     def __init__(self):
         super().__init__()
         import transformers
-        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()   # no dropout: inference
 
     def step(self, prompt, new_tokens):
         out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,

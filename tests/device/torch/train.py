@@ -66,7 +66,7 @@ def main():
     generates = getattr(model, "generates", False)
     if generates and (args.compile or args.mode != "perf"):
         sys.exit(f"{args.model} is a generation loop: --mode perf only, without --compile")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    optimizer = None if generates else torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(99)
     side = torch.cuda.Stream()
     use_side = os.environ.get("STRATA_TEST_SIDE_STREAM", "1") != "0"
@@ -106,8 +106,9 @@ def main():
         if step + 1 < total:
             batch = fetch((step + 1) % args.steps)   # the next batch's copy overlaps this step
         if generates:   # a generation loop: the step is one generate() call, no gradients
+            new_tokens = int(host_batches[step % args.steps][1][0])   # read on the host: no device sync
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model.step(x, int(y[0]))
+                loss = model.step(x, new_tokens)
         else:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = loss_fn(model(x), y)

@@ -73,10 +73,11 @@ public:
     std::size_t max_mapping = std::size_t{128} << 20;   ///< the largest physical allocation (a multiple of the page)
     std::size_t min_mapping = std::size_t{8} << 20;     ///< a mapping at the edge of mapped memory takes free pages after it up to this...
     double min_mapping_fraction = 1.0 / 256;            ///< ... but no more than this share of the memory held
-    /// A mapping that lifts the pool above its high-water mark takes free pages after it up to this share of
-    /// the memory held (at most max_mapping), where that is more than the line above allows: growth to a new
-    /// peak then costs fewer physical allocations, each a create, a map and an access call, for at most that
-    /// share held ahead of the need. 0: growth maps ahead as any mapping does.
+    /// A mapping that would take the memory held above the high-water mark (idle memory elsewhere counted as
+    /// held: a reclaim may yet cover it) takes free pages after it up to this share of the memory held (at most
+    /// max_mapping), where that is more than the line above allows: growth to a new peak then costs fewer
+    /// physical allocations, each a create, a map and an access call, for at most that share held ahead of
+    /// the need. 0: such mappings map ahead as any mapping does.
     double growth_ahead_fraction = 0.0;
     int placement_candidates = 16;                      ///< free blocks compared to find one already mapped
     /// After a reclaim that kept the pool at its high-water mark (not one the cap forced), the mark rises by
@@ -349,11 +350,13 @@ private:
     if (opts.max_mapping < page || opts.placement_candidates < 1 || !(opts.reclaim_slack_fraction >= 0.0 && opts.reclaim_slack_fraction <= 1.0) ||
         !(opts.reclaim_headroom_fraction >= 0.0 && opts.reclaim_headroom_fraction <= 1.0) ||
         !(opts.min_mapping_fraction >= 0.0 && opts.min_mapping_fraction <= 1.0) ||
-        !(opts.growth_ahead_fraction >= 0.0 && opts.growth_ahead_fraction <= 1.0) ||
         (opts.persistent_reclaim_window != 0 && opts.persistent_reclaim_window < reclaims_per_busy_window))
       throw std::invalid_argument("mapped_pool: max_mapping must be at least a page, placement_candidates positive, "
-                                  "reclaim_slack_fraction, reclaim_headroom_fraction, min_mapping_fraction and growth_ahead_fraction within [0, 1], "
+                                  "reclaim_slack_fraction, reclaim_headroom_fraction and min_mapping_fraction within [0, 1], "
                                   "persistent_reclaim_window 0 or at least 128");
+    if (!(opts.growth_ahead_fraction >= 0.0 && opts.growth_ahead_fraction <= 1.0))
+      throw std::invalid_argument("mapped_pool: growth_ahead_fraction " + std::to_string(opts.growth_ahead_fraction) +
+                                  " is not within [0, 1]");
     return opts;
   }
 
