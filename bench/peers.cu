@@ -585,14 +585,15 @@ factory owned_stack(std::function<std::unique_ptr<Stack>()> make, std::function<
             *keep = make();
             Stack* s = keep->get();
             allocator a = measured(s, takes_stream<Stack> ? stream_use::created : stream_use::none, [s, reserved] { return reserved(*s); });
-            if constexpr (requires { s->policy().page_calls(); }) a.device_calls = [s] { return page_call_list(s->policy().page_calls()); };
-            else if constexpr (requires { s->page_calls(); }) a.device_calls = [s] { return page_call_list(s->page_calls()); };
-            if constexpr (requires { s->policy().backend().microseconds(); }) {
+            if constexpr (requires { s->policy().page_calls(); }) {
               a.device_calls = [s] {
                 auto calls = page_call_list(s->policy().page_calls());
-                for (const auto& timed : s->policy().backend().microseconds()) calls.push_back(timed);
+                if constexpr (requires { s->policy().backend().microseconds(); })  // timed_pages: the time too
+                  for (const auto& timed : s->policy().backend().microseconds()) calls.push_back(timed);
                 return calls;
               };
+            } else if constexpr (requires { s->page_calls(); }) {
+              a.device_calls = [s] { return page_call_list(s->page_calls()); };
             }
             return a;
           },

@@ -119,6 +119,11 @@ def build(name):
     raise ValueError(f"unknown model {name!r}")
 
 
+def _draw(gen, lo, hi):
+    """An integer in [lo, hi] from the host generator `gen`."""
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
 class LogitsOf(nn.Module):
     """A transformers model as train.py calls a model: tokens in, logits out."""
 
@@ -151,7 +156,7 @@ def _transformers_trainee(name):
 
     def make_batch(gen, step):
         def draw(lo, hi):
-            return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+            return _draw(gen, lo, hi)
         if name == "bert_varlen":
             batch, length = draw(8, 32), draw(32, 512)
         else:
@@ -183,7 +188,7 @@ def _generation_loop():
     """Prompts of batch 1-16 and 16-300 tokens, 16-48 new tokens each: the key/value cache grows every token."""
     def make_batch(gen, step):
         def draw(lo, hi):
-            return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+            return _draw(gen, lo, hi)
         batch, prompt, new = draw(1, 16), draw(16, 300), draw(16, 48)
         return torch.randint(0, 50257, (batch, prompt), generator=gen), torch.tensor([new])
 
