@@ -8,6 +8,9 @@
 // fast path) before the default pool, to show what it costs in memory.
 //   mapped_variants [--repeat N] [--traces a,b] [TRACE_DIR]            simulated pages, no GPU needed (x0.9 / x1.0 / x1.1)
 //   mapped_variants --device [--repeat N] [--traces a,b] [TRACE_DIR]   driver_pages on the current GPU, x1.0
+//   mapped_variants ... --json FILE   also every variant's driver calls per trace (x1.0) and held / live at each
+//                                     size, beside the PyTorch-like model's device allocations on the same trace,
+//                                     for bench/variant_prices.py to price with bench/vmm_costs' figures
 // --traces: the traces' names in TRACE_DIR (default bert_train_varlen,llama_generate,resnet50_train,vit_train_2streams).
 // Prints a Markdown table. TRACE_DIR defaults to bench/traces (run from the repository root). ns/op is the
 // time inside the pool's calls, the fastest of N replays (default 1; every replay of a variant makes the same
@@ -55,6 +58,7 @@ std::vector<variant<Backend>> variants()
       {"defaults: reclaim at the high-water mark, mappings 8-128 MiB", opts{}},
       {"mappings up to 64 MiB", opts{.max_mapping = 64 * mib}},
       {"mappings up to 256 MiB", opts{.max_mapping = 256 * mib}},
+      {"mappings up to 1 GiB", opts{.max_mapping = 1024 * mib}},
       {"no map-ahead (mappings sized to the run, up to 128 MiB)", opts{.min_mapping = 0}},
       {"mappings up to 32 MiB, no map-ahead", opts{.max_mapping = 32 * mib, .min_mapping = 0}},
       {"mappings 16-128 MiB (map-ahead not bounded by the memory held)", opts{.max_mapping = 128 * mib, .min_mapping = 16 * mib, .min_mapping_fraction = 1.0}},
@@ -66,6 +70,7 @@ std::vector<variant<Backend>> variants()
       {"placement by size alone (1 candidate)", opts{.placement_candidates = 1}},
       {"growth past the mark maps ahead 1% of what is held", opts{.growth_ahead_fraction = 0.01}},
       {"growth past the mark maps ahead 3% of what is held", opts{.growth_ahead_fraction = 0.03}},
+      {"growth past the mark maps ahead 10% of what is held", opts{.growth_ahead_fraction = 0.10}},
       {"never reclaims (like expandable segments)", opts{.reclaim_slack = SIZE_MAX}},
       {"defaults behind size classes up to 64 KiB", opts{}, front::classes_64k},
       {"defaults behind size classes up to 1 MiB", opts{}, front::classes_1m},
@@ -129,10 +134,65 @@ outcome replay_variant(const variant<Backend>& v, const std::vector<trace_event>
   return o;
 }
 
+/// What --json keeps of one variant on one trace.
+struct json_cell {
+  std::vector<double> ratios;  // held / live at each size
+  std::size_t operations = 0;  // at x1.0
+  page_counters calls;         // at x1.0
+};
+
+void write_calls(std::FILE* f, const page_counters& c)
+{
+  std::fprintf(f, "{\"creates\":%llu,\"releases\":%llu,\"maps\":%llu,\"unmaps\":%llu,\"access_calls\":%llu,\"device_waits\":%llu}",
+               static_cast<unsigned long long>(c.creates), static_cast<unsigned long long>(c.releases),
+               static_cast<unsigned long long>(c.maps), static_cast<unsigned long long>(c.unmaps),
+               static_cast<unsigned long long>(c.access_calls), static_cast<unsigned long long>(c.synchronizes));
+}
+
+void write_ratios(std::FILE* f, const std::vector<double>& ratios)
+{
+  std::fprintf(f, "[");
+  for (std::size_t i = 0; i < ratios.size(); ++i) std::fprintf(f, "%s%.4f", i == 0 ? "" : ",", ratios[i]);
+  std::fprintf(f, "]");
+}
+
+/// The variants' cells and, per trace, the PyTorch-like model's device allocations and frees at x1.0.
+bool write_json(const std::string& path, const std::vector<std::string>& traces, const std::vector<double>& scales,
+                const std::vector<std::vector<trace_event>>& loaded, const std::vector<std::pair<std::string, std::vector<json_cell>>>& cells)
+{
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fprintf(f, "{\"scales\":");
+  write_ratios(f, scales);
+  std::fprintf(f, ",\"pytorch_model\":{");
+  for (std::size_t t = 0; t < traces.size(); ++t) {
+    const auto r = replay::detail::torch_like("pytorch", loaded[t], replay::run_options{});
+    std::fprintf(f, "%s\"%s\":{\"operations\":%zu,\"held_live\":%.4f,\"device_allocs\":%llu,\"device_frees\":%llu}", t == 0 ? "" : ",",
+                 traces[t].c_str(), r.operations, r.ratio(), static_cast<unsigned long long>(r.upstream_allocations),
+                 static_cast<unsigned long long>(r.upstream_calls - r.upstream_allocations));
+  }
+  std::fprintf(f, "},\"variants\":[");
+  for (std::size_t v = 0; v < cells.size(); ++v) {
+    std::fprintf(f, "%s{\"name\":\"%s\",\"traces\":{", v == 0 ? "" : ",", cells[v].first.c_str());
+    for (std::size_t t = 0; t < traces.size(); ++t) {
+      const json_cell& c = cells[v].second[t];
+      std::fprintf(f, "%s\"%s\":{\"operations\":%zu,\"held_live\":", t == 0 ? "" : ",", traces[t].c_str(), c.operations);
+      write_ratios(f, c.ratios);
+      std::fprintf(f, ",\"device_calls\":");
+      write_calls(f, c.calls);
+      std::fprintf(f, "}");
+    }
+    std::fprintf(f, "}}");
+  }
+  std::fprintf(f, "]}\n");
+  return std::fclose(f) == 0;
+}
+
 template <class Backend, class Make>
 int run(const std::string& dir, const std::vector<std::string>& traces, const std::vector<double>& scales, int repeats, bool warm_up,
-        Make make_backend)
+        Make make_backend, const std::string& json_path = {})
 {
+  std::vector<std::pair<std::string, std::vector<json_cell>>> cells;
   std::vector<std::vector<trace_event>> loaded;
   for (const auto& t : traces) loaded.push_back(replay::read_trace(dir + "/" + t + ".csv.gz"));
   std::printf("| variant |");
@@ -144,6 +204,7 @@ int run(const std::string& dir, const std::vector<std::string>& traces, const st
   int failures = 0;
   for (const auto& v : variants<Backend>()) {
     std::printf("| %s |", v.name);
+    cells.push_back({v.name, std::vector<json_cell>(traces.size())});
     double worst = 0;
     std::string floors;
     for (std::size_t t = 0; t < loaded.size(); ++t) {
@@ -163,10 +224,13 @@ int run(const std::string& dir, const std::vector<std::string>& traces, const st
           continue;
         }
         worst = std::max(worst, o.r.ratio());
+        cells.back().second[t].ratios.push_back(o.r.ratio());
         char cell[96];
         std::snprintf(cell, sizeof cell, "%s%.3f", ratios.empty() ? "" : " / ", o.r.ratio());
         ratios += cell;
         if (scale == 1.0) {
+          cells.back().second[t].operations = o.r.operations;
+          cells.back().second[t].calls = o.calls;
           std::snprintf(cell, sizeof cell, "; %.1f / %.1f; %.0f", o.r.per_1000_ops(o.calls.maps), o.r.per_1000_ops(o.calls.unmaps), o.r.ns_per_op);
           calls = cell;
           std::snprintf(cell, sizeof cell, "%s%.3f", floors.empty() ? "" : " / ",
@@ -179,6 +243,10 @@ int run(const std::string& dir, const std::vector<std::string>& traces, const st
     std::printf(" %.3f | %s |\n", worst, floors.c_str());
     std::fflush(stdout);
   }
+  if (!json_path.empty() && !write_json(json_path, traces, scales, loaded, cells)) {
+    std::fprintf(stderr, "mapped_variants: cannot write %s\n", json_path.c_str());
+    return 1;
+  }
   return failures == 0 ? 0 : 1;
 }
 
@@ -189,14 +257,16 @@ int main(int argc, char** argv)
   bool device = false;
   int repeats = 1;
   std::string dir = "bench/traces";
+  std::string json_path;
   std::vector<std::string> traces{"bert_train_varlen", "llama_generate", "resnet50_train", "vit_train_2streams"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--device") device = true;
     else if (arg == "--repeat" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--traces" && i + 1 < argc) traces = split_names(argv[++i]);
+    else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (!arg.empty() && arg[0] == '-') {
-      std::fprintf(stderr, "usage: %s [--device] [--repeat N] [--traces a,b,...] [TRACE_DIR]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--device] [--repeat N] [--traces a,b,...] [--json FILE] [TRACE_DIR]\n", argv[0]);
       return 2;
     }
     else dir = arg;
@@ -206,13 +276,13 @@ int main(int argc, char** argv)
     return 2;
   }
   try {
-    if (!device) return run<simulated_pages>(dir, traces, {0.9, 1.0, 1.1}, repeats, false, [] { return simulated_pages{}; });
+    if (!device) return run<simulated_pages>(dir, traces, {0.9, 1.0, 1.1}, repeats, false, [] { return simulated_pages{}; }, json_path);
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       std::fprintf(stderr, "mapped_variants: --device needs a GPU, and none is present\n");
       return 1;
     }
-    return run<driver_pages>(dir, traces, {1.0}, repeats, true, [] { return driver_pages{}; });
+    return run<driver_pages>(dir, traces, {1.0}, repeats, true, [] { return driver_pages{}; }, json_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mapped_variants: %s\n", e.what());
     return 1;

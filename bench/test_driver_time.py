@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/driver_time.py's pricing and verdict on made-up replays, where every figure is known: the run is on the
-device, so this is what CI can check of it."""
+device, so this is what CI can check of it. And bench/variant_prices.py's counts, which price the same way."""
 
 import contextlib
 import io
@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import driver_time  # noqa: E402
+import variant_prices  # noqa: E402
 
 TORCH = driver_time.TORCH
 EXPANDABLE = driver_time.EXPANDABLE
@@ -110,6 +111,40 @@ class DriverTime(unittest.TestCase):
         self.assertEqual(status, 3)
         self.assertIn("FAILED", text)
         self.assertIn(f"t: {MINE} did not replay", text)
+
+
+def variants(cells):
+    """A mapped_variants --json document over traces a and b (1000 operations each); the PyTorch-like model
+    makes 4 cudaMallocs on each (200 ns/op priced). cells: {variant: {trace: (held_live list, creates)}}."""
+    return {"scales": [0.9, 1.0, 1.1],
+            "pytorch_model": {t: {"operations": 1000, "held_live": 1.2, "device_allocs": 4, "device_frees": 0} for t in "ab"},
+            "variants": [{"name": name, "traces": {t: {"operations": 1000, "held_live": held, "device_calls": {"creates": creates}}
+                                                   for t, (held, creates) in traces.items()}}
+                         for name, traces in cells.items()]}
+
+
+class VariantPrices(unittest.TestCase):
+    price = driver_time.prices(VMM)  # a create costs 15 µs: 13 creates on 1000 operations price at 195 ns/op
+
+    def rows(self, cells):
+        lines, any_met = variant_prices.table(variants(cells), self.price, 1.05)
+        cells_of = (line.strip("| ").split(" | ") for line in lines[2:] if line.startswith("| "))
+        return {cells[0]: cells[1:] for cells in cells_of}, any_met
+
+    def test_a_variant_lean_and_cheap_everywhere_meets_both(self):
+        rows, any_met = self.rows({"v": {"a": ([1.01, 1.02, 1.05], 13), "b": ([1.0, 1.0, 1.0], 1)}})
+        self.assertTrue(any_met)
+        self.assertEqual(rows["v"][:4], ["1.050", "2", "2", "2"])
+
+    def test_one_size_over_the_limit_or_one_create_too_many_is_counted_against_the_trace(self):
+        rows, any_met = self.rows({"v": {"a": ([1.01, 1.051, 1.0], 13), "b": ([1.0, 1.0, 1.0], 14)}})
+        self.assertFalse(any_met)
+        self.assertEqual(rows["v"][:4], ["1.051", "1", "1", "0"])
+
+    def test_a_failed_size_is_no_figure(self):
+        rows, any_met = self.rows({"v": {"a": ([1.01, 1.02], 1), "b": ([1.0, 1.0, 1.0], 1)}})
+        self.assertFalse(any_met)
+        self.assertEqual(rows["v"][:2], ["failed on a trace", "1"])
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@
 //   3. replay: every trace of bench/traces through default_pool directly and through RMM's current
 //      device resource, peak bytes the pool holds on the device.
 // Rows of 1 and 2, measured in rounds with the rows in an order rotated from round to round: default_pool
-// called directly; the same stack as rmm_resource called directly (its lock), and through
+// called directly; the same stack as rmm_resource called directly (with its lock, and without), and through
 // cuda::mr::any_resource as RMM holds it (rmm::mr::get_current_device_resource_ref(), what device_buffer and
 // device_uvector call), with its lock and with stack_is_thread_safe (no lock); RMM's
 // pool_memory_resource over cudaMalloc through the same reference type.
 // Verdict lines (the targets strata holds itself to): "through RMM <= 1.2x direct", "faster than RMM's pool", "replay holds
-// what default_pool holds" — PASS or FAIL each. Usage: rmm_interop [--traces DIR] [--quick] [--parts pair,random,replay]
+// what default_pool holds" — PASS or FAIL each. After the pair verdicts, where the time through RMM goes: rmm_resource's
+// own call, its lock, and CCCL's dispatch (any_resource behind RMM's resource reference), each the median over
+// rounds of the difference between two rows within a round. Usage: rmm_interop [--traces DIR] [--quick] [--parts pair,random,replay]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -144,10 +146,11 @@ int main(int argc, char** argv)
   std::vector<row> rows;
   rows.push_back(make_row("strata default_pool, direct", direct, s));
   rows.push_back(make_row("strata rmm_resource, direct (lock)", locked, s));
+  rows.push_back(make_row("strata rmm_resource, direct (no lock)", lock_free, s));
   rows.push_back(make_row("strata through RMM's any_resource (lock)", locked_ref, s));
   rows.push_back(make_row("strata through RMM's any_resource (no lock)", lock_free_ref, s));
   rows.push_back(make_row("RMM pool_memory_resource", rmm_pool_ref, s));
-  constexpr std::size_t direct_row = 0, through_row = 2, through_nolock_row = 3, rmm_row = 4;
+  constexpr std::size_t direct_row = 0, wrapped_row = 1, wrapped_nolock_row = 2, through_row = 3, through_nolock_row = 4, rmm_row = 5;
   bool all_pass = true;
   auto verdict = [&](const char* what, double ratio, double limit, bool below) {
     const bool pass = below ? ratio <= limit : ratio < limit;
@@ -209,6 +212,22 @@ int main(int argc, char** argv)
     verdict("pair: through RMM (lock) / direct, target <= 1.2", worst_through, 1.2, true);
     verdict("pair: through RMM (no lock) / direct, target <= 1.2", worst_nolock, 1.2, true);
     verdict("pair: through RMM (lock) / RMM's pool, target < 1", worst_vs_rmm, 1.0, false);
+    // Differences within a round, over every size's rounds: what each layer adds to a pair.
+    const auto added = [&](std::size_t more, std::size_t less) {
+      std::vector<double> d;
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        for (std::size_t r = 0; r < times[more][i].size(); ++r) d.push_back(times[more][i][r] - times[less][i][r]);
+      return strata::bench::median(d);
+    };
+    std::printf("where a pair's time through RMM goes (ns, the median over rounds and sizes of the difference within a round):\n"
+                "  rmm_resource's call %.1f, its lock %.1f, CCCL's dispatch (any_resource behind RMM's reference) %.1f, "
+                "over default_pool's own %.1f\n",
+                added(wrapped_nolock_row, direct_row), added(wrapped_row, wrapped_nolock_row), added(through_nolock_row, wrapped_nolock_row),
+                strata::bench::median([&] {
+                  std::vector<double> all;
+                  for (const auto& t : times[direct_row]) all.insert(all.end(), t.begin(), t.end());
+                  return all;
+                }()));
   }
 
   if (part("random")) {

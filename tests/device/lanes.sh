@@ -16,6 +16,8 @@
 #   frameworks    the frameworks suite's memory API and contract (ONLY=memory_api,contract frameworks/run.sh)
 #   graph_memory  graph-pool peak reserved on three models, under reduce-overhead and torch.cuda.graph
 #                 (torch/graph_pool_memory.py)
+#   rmm           RMM's memory-resource tests over strata's stacks (tests/rmm/run.sh), then bench/rmm_interop.sh:
+#                 the programs tests/rmm/build.sh made, from $STRATA_RMM_BIN (default .rmm_tests/build/bin)
 #   plugin        tests/device/plugin.sh
 #   ctest         the whole test suite with STRATA_REQUIRE_GPU=1, then the GPU suite alone
 #   trace_speed   bench/trace_speed.sh: default_pool against PyTorch's allocator on every trace (ROWS, REPEATS)
@@ -90,6 +92,12 @@ gpu_steps() {
     mkdir -p "$R/graph_memory"
     python3 tests/device/torch/graph_pool_memory.py --modes compile-ro,graph --out "$R/graph_memory" >"$R/graph_memory.out" 2>&1
     note "gpu: graph_pool_memory rc=$? ($(tail -1 "$R/graph_memory.out"))"
+  fi
+  if has rmm; then
+    bash tests/rmm/run.sh "$R/rmm" >"$R/rmm.out" 2>&1
+    note "gpu: rmm tests rc=$? ($(tail -1 "$R/rmm.out"))"
+    bash bench/rmm_interop.sh "$R/rmm/rmm_interop.txt" >"$R/rmm_interop.out" 2>&1
+    note "gpu: rmm_interop rc=$? ($(tail -1 "$R/rmm_interop.out"))"
   fi
   if has plugin || has ctest; then
     local waited=0
